@@ -1,0 +1,39 @@
+"""What a rollout hands the trainer: plain Python lists, so it travels through Ray's
+object store cheaply and imports neither torch nor pandas."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+SampleStatus = Literal["completed", "truncated", "failed", "aborted"]
+
+
+@dataclass
+class Sample:
+    prompt: str
+    label: str
+    response: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # per response token, from the engine at the sampling temperature
+    engine_logprobs: list[float]
+    weight_version: int
+    group: int  # index of the prompt within the rollout; samples of one group share a prompt
+    status: SampleStatus = "completed"
+    reward: float = 0.0
+    advantage: float = 0.0
+    finish_reason: str = ""
+    error: str = ""
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RolloutBatch:
+    rollout_id: int
+    samples: list[Sample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.samples)
