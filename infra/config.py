@@ -41,7 +41,9 @@ class ModelConfig(_Section):
 class RoleResources(_Section):
     num_workers: int = Field(1, ge=1, description="Processes in this role (trainer ranks or engines).")
     cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs reserved per process.")
-    gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines).")
+    gpus_per_worker: float = Field(
+        0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines)."
+    )
 
 
 class ClusterConfig(_Section):
@@ -59,20 +61,24 @@ class ClusterConfig(_Section):
         default_factory=lambda: RoleResources(num_workers=2),
         description="Actor trainer ranks (one FSDP2 rank per worker).",
     )
-    engines: RoleResources = Field(
-        default_factory=RoleResources, description="Rollout engine servers."
-    )
+    engines: RoleResources = Field(default_factory=RoleResources, description="Rollout engine servers.")
     threads_per_worker: int = Field(
-        1, ge=1, description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines."
+        1,
+        ge=1,
+        description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
 
 
 class SamplingConfig(_Section):
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs are taken at this temperature.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; logprobs are taken at this temperature."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(-1, description="Keep the k most likely tokens; -1 keeps all.")
     max_new_tokens: int = Field(4, ge=1, description="Longest response, in tokens.")
-    stop: list[str] = Field(default_factory=lambda: ["\n"], description="Strings (single tokens) that end a response.")
+    stop: list[str] = Field(
+        default_factory=lambda: ["\n"], description="Strings (single tokens) that end a response."
+    )
 
 
 class RolloutConfig(_Section):
@@ -81,7 +87,9 @@ class RolloutConfig(_Section):
     )
     prompts_per_rollout: int = Field(32, ge=1, description="Prompts drawn per iteration.")
     n_samples_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the GRPO group size).")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="Sampling of training rollouts."
+    )
     seed: int = Field(1234, description="Base seed of sampling; each rollout derives its own.")
     startup_timeout_s: float = Field(120, gt=0, description="How long an engine may take to answer /health.")
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one HTTP request to an engine.")
@@ -96,7 +104,8 @@ class DataConfig(_Section):
         description="Training prompts: jsonl or parquet (local or s3://), or `builtin:<task>`.",
     )
     eval_path: str = Field(
-        "builtin:digit-add", description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split."
+        "builtin:digit-add",
+        description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split.",
     )
     prompt_key: str = Field("prompt", description="Column holding the prompt text.")
     label_key: str = Field("label", description="Column holding the reference answer.")
@@ -115,24 +124,36 @@ class AlgorithmConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     global_batch_size: int | None = Field(
-        None, ge=1, description="Samples per optimizer step; default: the whole rollout (one step per iteration)."
+        None,
+        ge=1,
+        description="Samples per optimizer step; default: the whole rollout (one step per iteration).",
     )
     micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
     eps_clip: float = Field(0.2, gt=0, description="PPO ratio clip (lower side).")
-    eps_clip_high: float | None = Field(None, gt=0, description="PPO ratio clip (upper side); default: eps_clip.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to a frozen reference model; 0 loads no reference.")
+    eps_clip_high: float | None = Field(
+        None, gt=0, description="PPO ratio clip (upper side); default: eps_clip."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the KL to a frozen reference model; 0 loads no reference."
+    )
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    normalize_advantage_std: bool = Field(True, description="GRPO: divide group-centred rewards by the group std.")
+    normalize_advantage_std: bool = Field(
+        True, description="GRPO: divide group-centred rewards by the group std."
+    )
     seed: int = Field(42, description="Seed of the trainer (model init is the model's own).")
 
 
 class CriticConfig(_Section):
-    enabled: bool = Field(False, description="Train a value critic (PPO). Not available yet: GRPO needs none.")
+    enabled: bool = Field(
+        False, description="Train a value critic (PPO). Not available yet: GRPO needs none."
+    )
 
     @model_validator(mode="after")
     def _not_yet(self) -> CriticConfig:
         if self.enabled:
-            raise ValueError("critic.enabled: the PPO critic is not implemented yet; use GRPO (enabled=false)")
+            raise ValueError(
+                "critic.enabled: the PPO critic is not implemented yet; use GRPO (enabled=false)"
+            )
         return self
 
 
@@ -144,7 +165,8 @@ class WeightSyncConfig(_Section):
     )
     bucket_size_mb: float = Field(64, gt=0, description="Parameters gathered and sent per bucket, in MiB.")
     check_weight_update_equal: bool = Field(
-        False, description="After each sync, compare every engine tensor with the trainer's and fail on mismatch."
+        False,
+        description="After each sync, compare every engine tensor with the trainer's and fail on mismatch.",
     )
 
 
@@ -152,11 +174,15 @@ class StorageConfig(_Section):
     uri: str = Field("runs", description="Where runs live: a local folder or s3://bucket/prefix.")
     endpoint_url: str | None = Field(None, description="S3 endpoint (else AWS_ENDPOINT_URL or AWS default).")
     region: str | None = Field(None, description="S3 region (else AWS_REGION / AWS_DEFAULT_REGION).")
-    profile: str | None = Field(None, description="AWS profile name. Credentials come only from the environment.")
+    profile: str | None = Field(
+        None, description="AWS profile name. Credentials come only from the environment."
+    )
 
 
 class CheckpointConfig(_Section):
-    save_interval: int | None = Field(10, ge=1, description="Save every N iterations (and at epoch ends and the end).")
+    save_interval: int | None = Field(
+        10, ge=1, description="Save every N iterations (and at epoch ends and the end)."
+    )
     keep_last: int | None = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted.")
     hf_export_interval: int | None = Field(
         None, ge=1, description="Export an HF model directory every N iterations (always at the end)."
@@ -165,7 +191,9 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
-    interval: int | None = Field(10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never.")
+    interval: int | None = Field(
+        10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
+    )
     num_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(0.6, gt=0, description="Eval sampling temperature.")
@@ -183,23 +211,36 @@ class RunConfig(_Section):
     """A whole training run: the loop, its parts and where its state lives."""
 
     run_name: str = Field(
-        "tiny-demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Folder of this run under storage.uri."
+        "tiny-demo",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Folder of this run under storage.uri.",
     )
     mode: Literal["async", "sync"] = Field(
-        "async", description="`async`: generate k+1 while training k (one step off-policy). `sync`: no overlap."
+        "async",
+        description="`async`: generate k+1 while training k (one step off-policy). `sync`: no overlap.",
     )
     num_rollout: int = Field(40, ge=1, description="Iterations (rollout, train, sync) to run in total.")
-    update_weights_interval: int = Field(1, ge=1, description="Push trainer weights to the engines every N iterations.")
+    update_weights_interval: int = Field(
+        1, ge=1, description="Push trainer weights to the engines every N iterations."
+    )
     num_critic_only_steps: int = Field(0, ge=0, description="Leading iterations that train only the critic.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Ray cluster and resources per role.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig, description="Ray cluster and resources per role."
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engines and sampling.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompts and rewards.")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="GRPO / PPO-clip training.")
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig, description="GRPO / PPO-clip training."
+    )
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value critic (PPO).")
-    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer-to-engine weights.")
+    weight_sync: WeightSyncConfig = Field(
+        default_factory=WeightSyncConfig, description="Trainer-to-engine weights."
+    )
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object storage of the run.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints and resume.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints and resume."
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
 
     @property

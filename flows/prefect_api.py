@@ -1,0 +1,38 @@
+"""Where the run's Prefect API is, for processes that are not the flow's own."""
+
+from __future__ import annotations
+
+import os
+
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL
+
+
+def ensure_api_server() -> str:
+    """Use the configured API, or start a local one that Ray workers can reach.
+
+    Prefect's in-process ephemeral API is invisible to other processes, so task runs on
+    Ray workers would log nowhere; a subprocess server on loopback is shared by all.
+    """
+    url = PREFECT_API_URL.value()
+    if url:
+        return url
+    server = SubprocessASGIServer()
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server.api_url
+
+
+def worker_env() -> dict[str, str]:
+    """Environment that lets task runs on Ray workers report to this flow run's API."""
+    url = PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL")
+    server = SubprocessASGIServer()
+    if not url and server.running:
+        url = server.api_url
+    if not url:
+        raise RuntimeError("no Prefect API URL: run through `python -m flows.train` or set PREFECT_API_URL")
+    env = {"PREFECT_API_URL": url}
+    key = PREFECT_API_KEY.value()
+    if key:
+        env["PREFECT_API_KEY"] = key.get_secret_value() if hasattr(key, "get_secret_value") else str(key)
+    return env

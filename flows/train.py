@@ -1,0 +1,99 @@
+"""The RL loop as a Prefect flow: generate, train, save, sync, eval.
+
+    python -m flows.train                               # the tiny CPU demo
+    python -m flows.train --config FILE.yaml key.path=value ...
+
+In async mode generation of k+1 is submitted before training on k starts, so engines and
+trainer overlap (one step off-policy). Before every weight sync the in-flight generation
+is drained, and the next one is submitted only after it: staleness is at most one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from prefect import flow, get_run_logger
+from prefect_ray.context import remote_options
+
+from flows.prefect_api import ensure_api_server, worker_env
+from flows.runner import ConnectedRayTaskRunner
+from infra.config import RunConfig
+from infra.config_files import load_config
+from infra.schedule import LoopSchedule
+from infra.system import RLSystem
+from tasks.evaluate import evaluate
+from tasks.generate import generate
+from tasks.save import save
+from tasks.sync import sync
+from tasks.train import train as train_step
+
+
+@flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
+def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
+    log = get_run_logger()
+    with RLSystem(config, worker_env()) as run, remote_options(num_cpus=0):
+        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
+        schedule = LoopSchedule.from_config(config, run.ends_epoch)
+        start = run.restore()  # next rollout id; the weights hold `start` training iterations
+        log.info(
+            "run %s: iterations %d..%d, mode %s", config.run_name, start, config.num_rollout - 1, config.mode
+        )
+        sync.submit(run, start).result()
+
+        ahead = config.mode == "async"
+        future, ready, last = generate.submit(run, start), None, []
+        row: dict = {}
+        for k in range(start, config.num_rollout):
+            t0 = time.monotonic()
+            if future is None and ready is None:
+                future = generate.submit(run, k, wait_for=last)
+            if future is not None:
+                ready, last, future = future.result(), [future], None
+            rollout, ready = ready, None
+            if ahead and schedule.has_next(k):
+                future = generate.submit(run, k + 1, wait_for=last)
+
+            row = {**rollout, **train_step.submit(run, k).result()}
+            if schedule.save_after(k):
+                if future is not None:  # the batch generated ahead is part of the checkpoint
+                    ready, last, future = future.result(), [future], None
+                row.update(save.submit(run, k, schedule.export_hf_after(k)).result())
+            if schedule.sync_after(k):
+                if future is not None:  # no generation may be in flight while weights change
+                    ready, last, future = future.result(), [future], None
+                row.update(sync.submit(run, k + 1).result())
+            if schedule.eval_after(k):
+                result = evaluate.submit(run, k).result()
+                row.update({key: v for key, v in result.items() if key != "examples"})
+            row["time_iteration_s"] = time.monotonic() - t0
+            run.record(row)
+            log.info(
+                "iter %04d | reward %.3f | generate %.2fs train %.2fs sync %.2fs | weight version %d",
+                k,
+                row["reward_mean"],
+                row["time_generate_s"],
+                row["time_train_s"],
+                row.get("time_sync_s", 0.0),
+                row["weight_version"],
+            )
+        outputs = run.outputs()
+    for name, uri in outputs.items():
+        log.info("%s: %s", name, uri)
+    return {"final": row, **outputs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="YAML file with RunConfig fields")
+    parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.overrides)  # fails here, before anything starts
+    ensure_api_server()
+    state = train(config, return_state=True)
+    return 0 if state.is_completed() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

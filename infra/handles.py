@@ -1,0 +1,135 @@
+"""What the Prefect tasks hold: Ray actor handles and a few strings, and one method per
+loop step. Each method blocks on the actors and returns a small dict (never tensors)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+
+from infra.config import RunConfig
+from infra.rollout.client import EngineClient
+from infra.storage.checkpoints import CheckpointStore, config_hash, read_committed_meta
+from infra.storage.fs import RunStore, storage_options
+from infra.storage.metrics import append_metrics, truncate_metrics
+
+
+@dataclass
+class RunHandles:
+    cfg: RunConfig
+    manager: ray.actor.ActorHandle
+    trainers: list[ray.actor.ActorHandle]
+    engine_urls: list[str]
+    run_uri: str
+    model_uri: str
+
+    @property
+    def store(self) -> RunStore:
+        return RunStore(self.cfg.storage, self.cfg.run_name)
+
+    def ends_epoch(self, rollout_id: int) -> bool:
+        return ray.get(self.manager.ends_epoch.remote(rollout_id))
+
+    def generate(self, rollout_id: int) -> dict:
+        return ray.get(self.manager.generate.remote(rollout_id))
+
+    def train(self, rollout_id: int) -> dict:
+        # The batch goes manager -> object store -> every rank; the ref never leaves Ray.
+        batch_ref = self.manager.get_batch.remote(rollout_id)
+        results = ray.get([t.train.remote(rollout_id, batch_ref) for t in self.trainers])
+        self.manager.release.remote(rollout_id)
+        return results[0]
+
+    def sync(self, weight_version: int) -> dict:
+        t0 = time.monotonic()
+        if self.cfg.weight_sync.method == "disk":
+            # engines read the export themselves: they must share this storage (local runs)
+            path = self.store.uri("weights", f"v{weight_version:07d}")
+            ray.get([t.export_hf.remote(path) for t in self.trainers])
+            for url in self.engine_urls:
+                EngineClient(url, self.cfg.rollout.request_timeout_s).update_weights_from_disk(
+                    path, str(weight_version)
+                )
+            result: dict = {}
+        else:
+            result = ray.get([t.update_weights.remote(weight_version) for t in self.trainers])[0]
+        if self.cfg.weight_sync.check_weight_update_equal:
+            checks = ray.get([t.check_weights_equal.remote(self.engine_urls) for t in self.trainers])
+            result.update(checks[0])
+        result["time_sync_s"] = time.monotonic() - t0
+        result["engine_weight_version"] = weight_version
+        return result
+
+    def evaluate(self, rollout_id: int) -> dict:
+        return ray.get(self.manager.evaluate.remote(rollout_id))
+
+    def save(self, rollout_id: int, export_hf: bool) -> dict:
+        """Checkpoint after iteration `rollout_id`: shards, prompt state, then the commit marker.
+
+        A batch already generated ahead (async mode) is persisted as its rollout parquet;
+        the checkpoint names it, and a resume trains on it instead of regenerating with
+        newer weights, which keeps async resume exact.
+        """
+        t0 = time.monotonic()
+        ckpts = self._checkpoints()
+        if ckpts.is_committed(rollout_id):  # a retried save: the checkpoint is already whole
+            return {"checkpoint_uri": ckpts.uri(rollout_id), "time_save_s": 0.0}
+        path = ckpts.begin(rollout_id)
+        opts = storage_options(self.cfg.storage)
+        ray.get([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers])
+        nxt = rollout_id + 1
+        meta = {
+            "rollout_id": rollout_id,
+            "next_rollout_id": nxt,
+            "weight_version": nxt,
+            "prefetched_rollout": nxt if ray.get(self.manager.has_batch.remote(nxt)) else None,
+            "prompt_source": ray.get(self.manager.prompt_state.remote(nxt)),
+            "config_hash": config_hash(self.cfg),
+        }
+        result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
+        if export_hf:
+            result["hf_export_uri"] = self.store.uri("hf", "latest")
+            ray.get([t.export_hf.remote(result["hf_export_uri"]) for t in self.trainers])
+        result["time_save_s"] = time.monotonic() - t0
+        return result
+
+    def _checkpoints(self) -> CheckpointStore:
+        return CheckpointStore(self.store, keep_last=self.cfg.checkpoint.keep_last)
+
+    def restore(self) -> int:
+        """Load the checkpoint `checkpoint.resume` points at; returns the next rollout id."""
+        spec, ckpts = self.cfg.checkpoint.resume, self._checkpoints()
+        if spec == "never":
+            return 0
+        if spec == "auto":
+            latest = ckpts.latest()
+            if latest is None:
+                return 0
+            uri = ckpts.uri(latest)
+        else:
+            uri = spec.rstrip("/")
+        meta = read_committed_meta(uri, storage_options(self.cfg.storage))
+        if meta["config_hash"] != config_hash(self.cfg):
+            raise ValueError(
+                f"checkpoint.resume: {uri} was written by a run with another model/data/rollout/algorithm "
+                "config; start a new run_name or resume=never"
+            )
+        opts = storage_options(self.cfg.storage)
+        ray.get([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers])
+        nxt = meta["next_rollout_id"]
+        ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
+        truncate_metrics(self.store, nxt)  # rows of iterations that will be redone
+        return nxt
+
+    def record(self, row: dict) -> None:
+        append_metrics(self.store, row)
+
+    def outputs(self) -> dict:
+        ckpts = self._checkpoints()
+        latest = ckpts.latest()
+        return {
+            "checkpoint": ckpts.uri(latest) if latest is not None else "",
+            "rollouts": self.store.uri("rollouts"),
+            "metrics": self.store.uri("metrics.jsonl"),
+        }

@@ -1,0 +1,54 @@
+"""Model directories: the built-in tiny model stored with the run, and localizing any HF
+model directory (local or s3://) so `from_pretrained` can read it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import fsspec
+
+from infra.config import ModelConfig
+
+BUILTIN_TINY = "builtin:tiny-llama"
+_COMPLETE = ".complete"
+
+
+def base_model_uri(model: ModelConfig, run_uri: str, storage_options: dict) -> str:
+    """The HF directory the run starts from; builds the tiny model on first use."""
+    if model.path != BUILTIN_TINY:
+        if model.path.startswith("builtin:"):
+            raise ValueError(f"model.path: unknown built-in model {model.path!r} (known: {BUILTIN_TINY})")
+        return model.path
+    uri = f"{run_uri.rstrip('/')}/base_model"
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    if fs.exists(f"{path}/config.json"):
+        return uri
+    from infra.model.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny_model(tmp, model.tiny)
+        fs.makedirs(path, exist_ok=True)
+        # config.json last: its presence is what marks the directory complete
+        files = sorted(Path(tmp).iterdir(), key=lambda p: p.name == "config.json")
+        for f in files:
+            fs.put_file(str(f), f"{path}/{f.name}")
+    return uri
+
+
+def localize(uri: str, storage_options: dict, cache_root: str | None = None) -> str:
+    """A local directory holding the model at `uri` (downloaded once per machine if remote)."""
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    if not fs.exists(f"{path}/config.json"):
+        raise FileNotFoundError(f"model.path: no HF model directory (config.json) at {uri}")
+    if fs.protocol in ("file", "local") or "file" in fs.protocol:
+        return os.path.abspath(path)
+    root = Path(cache_root or os.environ.get("PRL_CACHE_DIR", Path.home() / ".cache" / "prefect-rl"))
+    local = root / "models" / hashlib.sha1(uri.encode()).hexdigest()[:16]
+    if not (local / _COMPLETE).exists():
+        local.mkdir(parents=True, exist_ok=True)
+        fs.get(f"{path}/", str(local) + "/", recursive=True)
+        (local / _COMPLETE).touch()
+    return str(local)

@@ -1,0 +1,51 @@
+"""A Ray actor that owns one engine server process on its placement bundle.
+
+The server is a child process of the actor (and dies with it), so placement, GPUs and
+cleanup are Ray's business while generation speaks plain SGLang HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from infra.cluster.network import advertise_address, free_port
+from infra.config import RunConfig
+from infra.model.loading import localize
+from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+
+
+class EngineActor:
+    def __init__(self, cfg: RunConfig, index: int, local_cluster: bool):
+        self.cfg = cfg
+        self.index = index
+        self.local_cluster = local_cluster
+        self.proc = None
+        self.url = ""
+        self.log_path = os.path.join(tempfile.gettempdir(), f"prl-engine-{os.getpid()}-{index}.log")
+
+    def start(self, model_uri: str, storage_options: dict) -> str:
+        host = advertise_address(self.local_cluster)
+        port = free_port(host)
+        model_dir = localize(model_uri, storage_options)
+        self.proc = launch_engine(
+            self.cfg.rollout.engine,
+            model_dir,
+            host,
+            port,
+            seed=self.cfg.rollout.seed + self.index,
+            threads=self.cfg.cluster.threads_per_worker,
+            extra_args=self.cfg.rollout.sglang_args,
+            log_path=self.log_path,
+        )
+        self.url = f"http://{host}:{port}"
+        wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)
+        return self.url
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_engine(self.proc)
+            self.proc = None

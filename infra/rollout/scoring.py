@@ -1,0 +1,55 @@
+"""Rewards, group advantages and pass@k over a rollout's samples."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from math import comb
+
+from infra.data.rewards import score
+from infra.rollout.batch import Sample
+from infra.trainer.advantages import grpo_advantages
+
+
+def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: bool) -> None:
+    """Fill reward, status and advantage in place.
+
+    A reward that raises marks only its sample `failed` with reward 0: one bad completion
+    must not stop a training run.
+    """
+    results = score(reward_fn, [(s.prompt, s.response, s.label) for s in samples])
+    for s, res in zip(samples, results, strict=True):
+        s.reward = res.reward
+        if res.status == "failed":
+            s.status, s.error = "failed", res.error
+    advantages = grpo_advantages([s.reward for s in samples], [s.group for s in samples], normalize_std)
+    for s, a in zip(samples, advantages, strict=True):
+        s.advantage = a
+
+
+def rollout_stats(samples: list[Sample]) -> dict:
+    n = len(samples)
+    rewards = [s.reward for s in samples]
+    mean = sum(rewards) / n
+    return {
+        "reward_mean": mean,
+        "reward_std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+        "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
+        "truncated_frac": sum(s.status == "truncated" for s in samples) / n,
+        "reward_failures": sum(s.status == "failed" for s in samples),
+        "num_samples": n,
+        "weight_version": min(s.weight_version for s in samples),
+        "weight_version_max": max(s.weight_version for s in samples),
+    }
+
+
+def pass_at_k(samples: list[Sample], k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021) per prompt group, averaged; solved means reward >= 1."""
+    groups: dict[int, list[float]] = defaultdict(list)
+    for s in samples:
+        groups[s.group].append(s.reward)
+    total = 0.0
+    for rewards in groups.values():
+        n, c = len(rewards), sum(r >= 1.0 for r in rewards)
+        total += 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
+    return total / len(groups)

@@ -1,0 +1,58 @@
+"""When the loop syncs, saves and evaluates: pure functions of the iteration, so the flow
+reads like the algorithm and the rules are tested without Prefect or Ray."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infra.config import RunConfig
+
+
+def _every(interval: int | None, k: int) -> bool:
+    return bool(interval) and (k + 1) % interval == 0
+
+
+@dataclass(frozen=True)
+class LoopSchedule:
+    num_rollout: int
+    update_weights_interval: int
+    save_interval: int | None
+    eval_interval: int | None
+    hf_export_interval: int | None
+    num_critic_only_steps: int
+    ends_epoch: Callable[[int], bool]
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, ends_epoch: Callable[[int], bool]) -> LoopSchedule:
+        return cls(
+            num_rollout=cfg.num_rollout,
+            update_weights_interval=cfg.update_weights_interval,
+            save_interval=cfg.checkpoint.save_interval,
+            eval_interval=cfg.eval.interval,
+            hf_export_interval=cfg.checkpoint.hf_export_interval,
+            num_critic_only_steps=cfg.num_critic_only_steps,
+            ends_epoch=ends_epoch,
+        )
+
+    def is_last(self, k: int) -> bool:
+        return k == self.num_rollout - 1
+
+    def has_next(self, k: int) -> bool:
+        return k + 1 < self.num_rollout
+
+    def actor_trains(self, k: int) -> bool:
+        return k >= self.num_critic_only_steps
+
+    def sync_after(self, k: int) -> bool:
+        # The last iteration syncs too, so a final eval and the engines see the final weights.
+        return _every(self.update_weights_interval, k) or self.is_last(k)
+
+    def save_after(self, k: int) -> bool:
+        return _every(self.save_interval, k) or self.ends_epoch(k) or self.is_last(k)
+
+    def export_hf_after(self, k: int) -> bool:
+        return _every(self.hf_export_interval, k) or self.is_last(k)
+
+    def eval_after(self, k: int) -> bool:
+        return bool(self.eval_interval) and (_every(self.eval_interval, k) or self.ends_epoch(k))

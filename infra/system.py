@@ -1,0 +1,124 @@
+"""Bring up every long-lived part of a run on Ray, and take all of it down again.
+
+`RLSystem` is a context manager: whatever happens inside (a failed task, Ctrl-C), the
+exit stops the engine servers, kills the actors and removes the placement groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import ray
+
+from infra.cluster.placement import plan_placement
+from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups
+from infra.config import RunConfig
+from infra.handles import RunHandles
+from infra.model.loading import base_model_uri
+from infra.rollout.engine_actor import EngineActor
+from infra.rollout.manager import RolloutManager
+from infra.storage.fs import RunStore, storage_options
+from infra.trainer.rank import TrainerRank
+
+log = logging.getLogger(__name__)
+WEIGHT_GROUP = "prl-weights"
+
+
+class RLSystem:
+    def __init__(self, cfg: RunConfig, worker_env: Mapping[str, str] | None = None):
+        self.cfg = cfg
+        self.worker_env = dict(worker_env or {})
+        self.owns_ray = False
+        self.groups: dict = {}
+        self.actors: list = []
+        self.engines: list = []
+        self.trainers: list = []
+
+    def __enter__(self) -> RunHandles:
+        try:
+            return self.start()
+        except BaseException:
+            self.dispose()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.dispose()
+
+    def start(self) -> RunHandles:
+        cfg = self.cfg
+        layout = plan_placement(cfg.cluster)
+        self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
+        local = not cfg.cluster.ray_address
+        store = RunStore(cfg.storage, cfg.run_name)
+        opts = storage_options(cfg.storage)
+        model_uri = base_model_uri(cfg.model, store.run_uri, opts)
+        log.info("model: %s; run folder: %s", model_uri, store.run_uri)
+        self.groups = create_placement_groups(layout)
+
+        eng, tr = cfg.cluster.engines, cfg.cluster.trainer
+        engine_cls = ray.remote(EngineActor)
+        for i in range(eng.num_workers):
+            actor = engine_cls.options(
+                num_cpus=eng.cpus_per_worker,
+                num_gpus=eng.gpus_per_worker,
+                scheduling_strategy=in_bundle(self.groups["engines"], i),
+            ).remote(cfg, i, local)
+            self.engines.append(actor)
+        urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
+        log.info("engines up: %s", urls)
+
+        trainer_cls = ray.remote(TrainerRank)
+        for rank in range(tr.num_workers):
+            actor = trainer_cls.options(
+                num_cpus=tr.cpus_per_worker,
+                num_gpus=tr.gpus_per_worker,
+                scheduling_strategy=in_bundle(self.groups["trainer"], rank),
+            ).remote(cfg, rank, tr.num_workers)
+            self.trainers.append(actor)
+        addr, port = ray.get(self.trainers[0].master_address.remote(local))
+        ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
+
+        # threaded: the trainers fetch batch k while generation of k+1 runs
+        manager = (
+            ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, urls, model_uri)
+        )
+        self.actors.append(manager)
+        if cfg.weight_sync.method == "broadcast":
+            ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
+        return RunHandles(
+            cfg=cfg,
+            manager=manager,
+            trainers=list(self.trainers),
+            engine_urls=urls,
+            run_uri=store.run_uri,
+            model_uri=model_uri,
+        )
+
+    def dispose(self) -> None:
+        """Best effort, every step guarded: a failure here must not hide the run's own error."""
+        for engine in self.engines:
+            try:
+                ray.get(engine.stop.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001 - the actor may already be dead
+                log.warning("engine stop failed: %s", e)
+        for trainer in self.trainers:
+            try:
+                ray.get(trainer.shutdown.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001
+                log.warning("trainer shutdown failed: %s", e)
+        for actor in [*self.actors, *self.trainers, *self.engines]:
+            try:
+                ray.kill(actor)
+            except Exception as e:  # noqa: BLE001
+                log.warning("kill failed: %s", e)
+        self.actors, self.trainers, self.engines = [], [], []
+        if self.groups:
+            try:
+                remove_groups(self.groups)
+            except Exception as e:  # noqa: BLE001
+                log.warning("placement group removal failed: %s", e)
+            self.groups = {}
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self.owns_ray = False

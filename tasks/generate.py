@@ -1,0 +1,29 @@
+"""Prefect task: roll out one iteration's prompts on the engines."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from infra.handles import RunHandles
+
+
+# Idempotent: prompts and sampling seeds are pure functions of rollout_id.
+@task(
+    name="generate",
+    task_run_name="generate-{rollout_id:04d}",
+    retries=2,
+    retry_delay_seconds=2,
+    cache_policy=NO_CACHE,
+)
+def generate(run: RunHandles, rollout_id: int) -> dict:
+    summary = run.generate(rollout_id)
+    get_run_logger().info(
+        "rollout %d: %d samples, reward %.3f, weight version %d, %.2fs",
+        rollout_id,
+        summary["num_samples"],
+        summary["reward_mean"],
+        summary["weight_version"],
+        summary["time_generate_s"],
+    )
+    return summary

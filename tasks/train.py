@@ -1,0 +1,25 @@
+"""Prefect task: one training iteration on every trainer rank."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from infra.handles import RunHandles
+
+
+# No retries: an optimizer step is not idempotent.
+@task(name="train", task_run_name="train-{rollout_id:04d}", cache_policy=NO_CACHE)
+def train(run: RunHandles, rollout_id: int) -> dict:
+    metrics = run.train(rollout_id)
+    get_run_logger().info(
+        "train %d: loss %.4f, grad norm %.3f, clipfrac %.3f, kl %.4f, |logp diff| %.2e, %.2fs",
+        rollout_id,
+        metrics["loss"],
+        metrics["grad_norm"],
+        metrics["pg_clipfrac"],
+        metrics["kl"],
+        metrics["train_engine_logprob_abs_diff"],
+        metrics["time_train_s"],
+    )
+    return metrics
