@@ -79,3 +79,22 @@ def test_override_errors_name_the_problem(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ValueError, match="list.yaml"):
         load_config(tmp_path / "list.yaml")
+
+
+def test_config_reference_is_current():
+    from pathlib import Path
+
+    from infra.config_docs import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
+    assert doc.read_text() == render(), "regenerate: python -m infra.config_docs > docs/CONFIG.md"
+
+
+def test_shipped_configs_parse():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = sorted((root / "configs").glob("*.yaml"))
+    assert files, "no shipped configs found"
+    for f in files:
+        load_config(f)

@@ -1,0 +1,61 @@
+"""One parquet file per iteration, `rollouts/{rollout_id:07d}.parquet`, so a user can open
+any iteration with `pandas.read_parquet(uri, storage_options=...)`."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import typing
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infra.rollout.batch import Sample
+from infra.storage.fs import RunStore
+
+ROLLOUT_DIR = "rollouts"
+
+
+def _arrow_type(tp: object) -> pa.DataType:
+    if tp is str or typing.get_origin(tp) is typing.Literal:
+        return pa.string()
+    if tp is bool:
+        return pa.bool_()
+    if tp is int:
+        return pa.int64()
+    if tp is float:
+        return pa.float64()
+    if typing.get_origin(tp) is list:
+        return pa.list_(_arrow_type(typing.get_args(tp)[0]))
+    raise TypeError(f"no parquet type for Sample field type {tp!r}")
+
+
+def _schema() -> pa.Schema:
+    # Derived from Sample, so a new field is stored without touching this file; an explicit
+    # schema keeps the column types right even for an empty rollout or empty lists.
+    hints = typing.get_type_hints(Sample)
+    fields = [pa.field(f.name, _arrow_type(hints[f.name])) for f in dataclasses.fields(Sample)]
+    return pa.schema([*fields, pa.field("rollout_id", pa.int64())])
+
+
+ROLLOUT_SCHEMA = _schema()
+
+
+def rollout_rel(rollout_id: int) -> str:
+    return f"{ROLLOUT_DIR}/{rollout_id:07d}.parquet"
+
+
+def write_rollout(store: RunStore, rollout_id: int, samples: list[Sample]) -> str:
+    """Write the samples of one iteration (atomically: a retried write replaces the file
+    whole) and return the file's URI."""
+    rows = [{**s.to_row(), "rollout_id": rollout_id} for s in samples]
+    table = pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    store.write_bytes(rollout_rel(rollout_id), buffer.getvalue())
+    return store.uri(rollout_rel(rollout_id))
+
+
+def read_rollout(store: RunStore, rollout_id: int) -> pd.DataFrame:
+    return pd.read_parquet(io.BytesIO(store.read_bytes(rollout_rel(rollout_id))))

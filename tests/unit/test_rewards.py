@@ -1,0 +1,83 @@
+import asyncio
+import threading
+import time
+
+import pytest
+
+from infra.data.rewards import REWARDS, resolve_reward, score
+
+
+def length_reward(prompt: str, response: str, label: str, **kw) -> float:
+    return float(len(response)) * kw.get("scale", 1.0)
+
+
+async def slow_async_reward(prompt: str, response: str, label: str, **kw) -> float:
+    await asyncio.sleep(0.2)
+    return float(response == label)
+
+
+def test_registered_rewards() -> None:
+    em, pm, co, nm = (REWARDS[n] for n in ("exact_match", "prefix_match", "contains", "numeric_match"))
+    assert em("1+2=", " 3\n", "3") == 1.0
+    assert em("1+2=", "3</s>", "3") == 1.0
+    assert em("1+2=", "3.", "3", stop=["."]) == 1.0
+    assert em("1+2=", "34", "3") == 0.0
+    assert pm("1+2=", "34", "3") == 1.0 and pm("1+2=", "43", "3") == 0.0
+    assert co("", "the answer is 3!", "3") == 1.0 and co("", "none", "3") == 0.0
+    assert nm("", "x = 9.0 or 8", "9") == 1.0 and nm("", "8 then 9", "9") == 0.0
+    assert nm("", "no number", "9") == 0.0 and nm("", "-2.5", "-2.5") == 1.0
+
+
+def test_resolve_by_name_and_dotted_path() -> None:
+    assert resolve_reward("exact_match") is REWARDS["exact_match"]
+    assert resolve_reward(f"{__name__}:length_reward") is length_reward
+    for bad in ("nope", f"{__name__}:missing", "no_such_module_xyz:f", f"{__name__}:REWARDS_NOT"):
+        with pytest.raises(ValueError, match=rf"{bad}.*exact_match.*numeric_match"):
+            resolve_reward(bad)
+
+
+def test_score_sync_with_kwargs() -> None:
+    results = score(length_reward, [("p", "ab", "l"), ("p", "", "l")], scale=0.5)
+    assert [(r.reward, r.status, r.error) for r in results] == [
+        (1.0, "completed", ""),
+        (0.0, "completed", ""),
+    ]
+
+
+def test_async_rewards_run_concurrently() -> None:
+    items = [("p", str(i % 2), "1") for i in range(10)]
+    start = time.monotonic()
+    results = score(slow_async_reward, items)
+    assert time.monotonic() - start < 1.0  # 10 x 0.2 s if they ran one after another
+    assert [r.reward for r in results] == [0.0, 1.0] * 5
+
+
+def test_score_from_a_thread_and_from_inside_a_running_loop() -> None:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(score(slow_async_reward, [("p", "1", "1")])))
+    thread.start()
+    thread.join()
+
+    async def inside_loop() -> list:
+        return score(slow_async_reward, [("p", "1", "1")])
+
+    out.append(asyncio.run(inside_loop()))
+    assert [r[0].reward for r in out] == [1.0, 1.0]
+
+
+def test_failures_are_isolated() -> None:
+    def flaky(prompt: str, response: str, label: str, **kw) -> float:
+        if response == "boom":
+            raise RuntimeError("judge down")
+        return {"nan": float("nan"), "str": "1"}.get(response, 1.0)  # type: ignore[return-value]
+
+    async def async_flaky(prompt: str, response: str, label: str, **kw) -> float:
+        return flaky(prompt, response, label)
+
+    for fn in (flaky, async_flaky):
+        results = score(fn, [("p", "ok", "l"), ("p", "boom", "l"), ("p", "nan", "l"), ("p", "str", "l")])
+        assert [(r.reward, r.status) for r in results] == [(1.0, "completed")] + [(0.0, "failed")] * 3
+        assert "RuntimeError: judge down" in results[1].error
+        assert "finite number" in results[2].error and "'1'" in results[3].error
+    bad_label = score(REWARDS["numeric_match"], [("p", "3", "three")])[0]
+    assert bad_label.status == "failed" and "three" in bad_label.error
