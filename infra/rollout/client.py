@@ -1,0 +1,139 @@
+"""A synchronous client of one rollout engine (the built-in server or SGLang), by HTTP.
+
+Each call opens its own short-lived `httpx.Client`: the trainer posts
+`update_weights_from_distributed` from a background thread while it broadcasts, and the
+rollout manager generates from a thread pool, so no connection state is shared.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+
+class EngineError(RuntimeError):
+    """An engine answered with an HTTP error or `success: false` (or did not answer)."""
+
+
+class EngineClient:
+    def __init__(self, url: str, timeout_s: float = 600):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
+        try:
+            with httpx.Client(timeout=timeout_s or self.timeout_s) as http:
+                resp = http.request(method, f"{self.url}{path}", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            data = resp.json()
+        except ValueError:
+            data = resp.text
+        if resp.is_error or (isinstance(data, dict) and data.get("success") is False):
+            raise EngineError(f"{self.url}{path}: HTTP {resp.status_code}: {_message(data)}")
+        return data
+
+    def health(self) -> bool:
+        try:
+            with httpx.Client(timeout=5) as http:
+                return http.get(f"{self.url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.health():
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.url}: not healthy after {timeout_s} s")
+            time.sleep(0.2)
+
+    def generate(
+        self, input_ids: list[list[int]], sampling_params: dict, rid: str | None = None
+    ) -> list[dict]:
+        """One batch request; n>1 answers len(input_ids)*n dicts, input-major. Logprobs always on."""
+        body: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        out = self._call("POST", "/generate", body)
+        return out if isinstance(out, list) else [out]
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "gloo",
+    ) -> None:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        self._call("POST", "/init_weights_update_group", body)
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None:
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "weight_version": weight_version,
+        }
+        self._call("POST", "/update_weights_from_distributed", body)
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
+        self._call(
+            "POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": weight_version}
+        )
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+    def get_weights_by_name(self, name: str, truncate_size: int | None = None) -> list[float]:
+        """The parameter flattened; the whole tensor unless `truncate_size` is given."""
+        return self._call("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+
+    def flush_cache(self) -> None:
+        self._call("POST", "/flush_cache")
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        self._call("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> None:
+        self._call("POST", "/continue_generation", {})
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+
+    def weight_version(self) -> str:
+        return str(self._call("GET", "/get_weight_version")["weight_version"])
+
+
+def _message(data: Any) -> str:
+    if isinstance(data, dict):
+        for key in ("message", "error", "detail"):
+            if key in data:
+                value = data[key]
+                return str(value.get("message", value) if isinstance(value, dict) else value)
+    return str(data)[:2000]

@@ -1,0 +1,177 @@
+"""What the built-in engine server holds: the model, its weight version, the weight-update
+groups, and the abort flags of in-flight requests.
+
+Every method that touches the weights runs in a worker thread and takes `lock`: one
+generation batch or one weight update at a time, so weights never change mid-generation
+and a sample's weight version is exact.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from infra.rollout.protocol import BadRequest
+from infra.rollout.sampling import SampleOut, sample_batch
+from infra.weights.group import broadcast, open_update_group
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise BadRequest(f"dtypes: unknown dtype {name!r}")
+    return dtype
+
+
+class EngineState:
+    def __init__(self, model_path: str, seed: int, weight_version: str):
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # float32 on CPU (no fast bf16 kernels there); the checkpoint's own dtype on GPU
+        dtype = "auto" if self.device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model_path = model_path
+        self.weight_version = weight_version
+        self.lock = threading.Lock()
+        # advanced by every request without a sampling_seed, so a run is reproducible
+        # given the server seed and the order of requests
+        self.generator = torch.Generator().manual_seed(seed)
+        self.groups: dict[str, tuple[torch.distributed.ProcessGroup, str]] = {}
+        self._aborts: dict[str, list[threading.Event]] = {}
+        self._aborts_lock = threading.Lock()
+
+    # ---- generation -------------------------------------------------------------------
+
+    def register(self, rids: list[str]) -> threading.Event:
+        """An abort flag for one request, reachable by each of its rids."""
+        flag = threading.Event()
+        with self._aborts_lock:
+            for rid in rids:
+                self._aborts.setdefault(rid, []).append(flag)
+        return flag
+
+    def unregister(self, rids: list[str], flag: threading.Event) -> None:
+        with self._aborts_lock:
+            for rid in rids:
+                flags = self._aborts.get(rid, [])
+                if flag in flags:
+                    flags.remove(flag)
+                if not flags:
+                    self._aborts.pop(rid, None)
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        with self._aborts_lock:
+            flags = (
+                [f for fs in self._aborts.values() for f in fs] if abort_all else self._aborts.get(rid, [])
+            )
+            for flag in flags:
+                flag.set()
+
+    def generate(
+        self, prompts: list[list[int]], params: dict, seed: int | None, abort: threading.Event
+    ) -> tuple[list[SampleOut], str]:
+        """Sample all prompts in one batch; returns the outputs and the weight version used."""
+        with self.lock:
+            generator = self.generator if seed is None else torch.Generator().manual_seed(seed)
+            outs = sample_batch(
+                self.model,
+                prompts,
+                eos_token_id=self.tokenizer.eos_token_id,
+                generator=generator,
+                should_abort=abort.is_set,
+                **params,
+            )
+            return outs, self.weight_version
+
+    # ---- weights ----------------------------------------------------------------------
+
+    def open_group(
+        self, name: str, address: str, port: int, rank: int, world_size: int, backend: str
+    ) -> None:
+        if name in self.groups:
+            raise BadRequest(f"group_name: weight-update group {name!r} already exists")
+        # Blocks until every rank (trainer rank 0 included) has joined.
+        self.groups[name] = (open_update_group(address, port, rank, world_size, backend=backend), backend)
+
+    def close_group(self, name: str) -> None:
+        group, _ = self._group(name)
+        del self.groups[name]
+        group.shutdown()
+
+    def _group(self, name: str) -> tuple[torch.distributed.ProcessGroup, str]:
+        if name not in self.groups:
+            raise BadRequest(f"group_name: no weight-update group {name!r} (known: {sorted(self.groups)})")
+        return self.groups[name]
+
+    def update_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        version: str | None,
+    ) -> str | None:
+        """Receive the named tensors from rank 0 of the group and load them; an error or None."""
+        # A malformed request is refused before any receive; the trainer's broadcast then
+        # fails by the group's timeout, and its POST sees this 400.
+        if not len(names) == len(dtypes) == len(shapes):
+            raise BadRequest(
+                f"names/dtypes/shapes: lengths differ ({len(names)}, {len(dtypes)}, {len(shapes)})"
+            )
+        group, backend = self._group(group_name)
+        parsed = [parse_dtype(d) for d in dtypes]
+        # gloo moves CPU tensors, nccl GPU tensors
+        device = "cuda" if backend == "nccl" else "cpu"
+        with self.lock:
+            received = {}
+            # Receive everything before validating: the trainer broadcasts all tensors
+            # regardless, and skipping a receive would leave it hanging in a collective.
+            for name, dtype, shape in zip(names, parsed, shapes, strict=True):
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+                broadcast(group, tensor, src=0)
+                received[name] = tensor
+            return self._load(received, version)
+
+    def update_from_disk(self, model_path: str, version: str | None) -> str | None:
+        dtype = next(self.model.parameters()).dtype
+        with self.lock:
+            try:
+                fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            except OSError as exc:  # no such directory, or not an HF model directory
+                return f"model_path: cannot load {model_path!r}: {exc}"
+            error = self._load(fresh.state_dict(), version)
+            if error is None:
+                self.model_path = model_path
+            return error
+
+    def _load(self, tensors: dict[str, torch.Tensor], version: str | None) -> str | None:
+        """Copy all tensors into the model, or none of them if any name or shape is wrong."""
+        targets = self.model.state_dict()
+        unknown = [n for n in tensors if n not in targets]
+        if unknown:
+            return f"unknown parameter name(s): {unknown}"
+        misshapen = [
+            f"{n} {list(t.shape)} != {list(targets[n].shape)}"
+            for n, t in tensors.items()
+            if t.shape != targets[n].shape
+        ]
+        if misshapen:
+            return f"shape mismatch: {misshapen}"
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                targets[name].copy_(tensor)
+        if version is not None:
+            self.weight_version = version
+        return None
+
+    def weights_by_name(self, name: str, truncate_size: int | None) -> list[float]:
+        params = self.model.state_dict()
+        if name not in params:
+            raise BadRequest(f"name: unknown parameter {name!r}")
+        with self.lock:  # never read a tensor half-way through an update
+            flat = params[name].detach().float().flatten().cpu()
+        if truncate_size is not None and truncate_size > 0:
+            flat = flat[:truncate_size]
+        return flat.tolist()

@@ -1,0 +1,147 @@
+"""Batched, KV-cached sampling with an HF causal LM: the built-in engine's decode loop.
+
+All sequences of one request run as one batch: prompts are left-padded (so every row's
+next token sits in the last column), prefilled once, then decoded one token per step
+while the KV cache grows. Finished rows keep being fed a pad token (their outputs are
+ignored) so the batch keeps its shape; rows never attend to each other, so this cannot
+change the live rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+# Below this temperature sampling is greedy (as in SGLang) and logprobs are taken at T=1,
+# since dividing by ~0 would turn them into 0/-inf.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass
+class SampleOut:
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    # SGLang's meta_info.finish_reason: {"type": "stop", "matched": id} | {"type": "length",
+    # "length": n} | {"type": "abort"}
+    finish_reason: dict | None = None
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated and
+    # slated for removal); follow whichever name this version's forward takes.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) the tokens outside top-k and outside the top-p nucleus, per row."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p; the most
+        # likely token always survives
+        drop_sorted = (probs.cumsum(dim=-1) - probs) > top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
+        mask[row, width - len(prompt) :] = 1
+    # positions count real tokens only, so a padded row sees the same RoPE positions as
+    # the same prompt alone; pad columns get 0 (they are masked anyway)
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+@torch.inference_mode()
+def sample_batch(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    stop_token_ids: set[int] | frozenset[int] = frozenset(),
+    eos_token_id: int | None = None,
+    ignore_eos: bool = False,
+    generator: torch.Generator | None = None,
+    should_abort: Callable[[], bool] | None = None,
+) -> list[SampleOut]:
+    """Sample a continuation of every prompt in one batch; deterministic given `generator`.
+
+    The token that ends a sequence (a stop token, or eos unless `ignore_eos`) is included
+    in its `output_ids` and `logprobs`, as SGLang does for `stop_token_ids`. `generator`
+    is a CPU generator: the draw happens on CPU so a seed means the same on any device.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts: every prompt needs at least one token")
+    device = next(model.parameters()).device
+    stops = set(stop_token_ids)
+    if eos_token_id is not None and not ignore_eos:
+        stops.add(eos_token_id)
+    pad_id = eos_token_id if eos_token_id is not None else 0
+    greedy = temperature < GREEDY_TEMPERATURE
+
+    ids, mask, positions = _left_pad(prompts, pad_id, device)
+    # a row that meets no stop token and is not aborted ends by length
+    outs = [SampleOut(finish_reason={"type": "length", "length": max_new_tokens}) for _ in prompts]
+    live = torch.ones(len(prompts), dtype=torch.bool)
+    cache = DynamicCache(config=model.config)
+    cache_kw = _cache_kwarg(model)
+    step_ids, step_positions = ids, positions
+    for step in range(max_new_tokens):
+        if should_abort is not None and should_abort():
+            for row in live.nonzero().flatten().tolist():
+                outs[row].finish_reason = {"type": "abort"}
+            return outs
+        logits = (
+            model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kw: cache},
+            )
+            .logits[:, -1, :]
+            .float()
+        )
+        # The logprob is that of the unprocessed policy at the sampling temperature, not of
+        # the top-k/top-p-truncated distribution: the trainer recomputes logprobs from the
+        # plain model at this temperature, and the two must describe the same distribution
+        # for importance ratios (and train/inference mismatch checks) to make sense.
+        scaled = logits if greedy else logits / temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        if greedy:
+            tokens = scaled.argmax(dim=-1)
+        else:
+            probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
+            tokens = torch.multinomial(probs.cpu(), 1, generator=generator).flatten().to(device)
+        token_logprobs = logprobs.gather(-1, tokens[:, None]).flatten().tolist()
+        for row, (token, lp) in enumerate(zip(tokens.tolist(), token_logprobs, strict=True)):
+            if not live[row]:
+                continue
+            outs[row].output_ids.append(token)
+            outs[row].logprobs.append(lp)
+            if token in stops:
+                outs[row].finish_reason = {"type": "stop", "matched": token}
+                live[row] = False
+        if not live.any():
+            break
+        step_ids = torch.where(live.to(device), tokens, pad_id)[:, None]
+        step_positions = positions[:, -1:] + step + 1
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+    return outs

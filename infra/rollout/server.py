@@ -1,0 +1,181 @@
+"""The built-in rollout engine: an HTTP server answering the subset of SGLang's API that the
+system uses, with SGLang 0.5.x field names, so the rollout and weight-sync code is the
+same against this server and against `sglang.launch_server` on GPUs.
+
+    python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
+
+SGLang's `update_weights_from_tensor` is deliberately absent: its payload is pickled, and
+this server never unpickles anything that arrives over the network. Weights come by
+broadcast over a weight-update group or from an HF directory on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from infra.rollout import protocol as p
+from infra.rollout.engine_state import EngineState
+from infra.rollout.protocol import BadRequest
+
+
+def _fail(message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=400)
+
+
+def create_app(state: EngineState) -> FastAPI:
+    app = FastAPI(title="prefect-rl built-in engine")
+    running = asyncio.Event()  # cleared by /pause_generation: new requests wait
+    running.set()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _fail(p.validation_message(exc))
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return _fail(str(exc))
+
+    @app.exception_handler(RuntimeError)
+    async def _broken(_: Request, exc: RuntimeError) -> JSONResponse:
+        # e.g. a weight-update group that timed out: the caller gets the reason, not a bare 500
+        return JSONResponse({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
+
+    @app.post("/generate")
+    async def generate(req: p.GenerateReq):
+        if req.stream:
+            raise BadRequest("stream: streaming is not supported by the built-in engine")
+        sp = req.sampling_params
+        prompts, single = p.prompts_of(req, state.tokenizer, state.model.config.vocab_size)
+        rids = p.rids_of(req.rid, len(prompts))
+        params = {
+            "max_new_tokens": sp.max_new_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "top_k": sp.top_k,
+            "stop_token_ids": p.stop_ids_of(sp, state.tokenizer),
+            "ignore_eos": sp.ignore_eos,
+        }
+        # n samples of each input, input-major as SGLang orders them; all in one batch
+        expanded = [(prompt, rid) for prompt, rid in zip(prompts, rids, strict=True) for _ in range(sp.n)]
+        flag = state.register(sorted(set(rids)))
+        try:
+            await running.wait()
+            batch = [prompt for prompt, _ in expanded]
+            outs, version = await asyncio.to_thread(state.generate, batch, params, sp.sampling_seed, flag)
+        finally:
+            state.unregister(sorted(set(rids)), flag)
+        replies = [
+            p.reply(o, len(pr), rid, version, req, state.tokenizer)
+            for o, (pr, rid) in zip(outs, expanded, strict=True)
+        ]
+        return replies[0] if single and sp.n == 1 else replies
+
+    @app.post("/init_weights_update_group")
+    async def init_group(req: p.InitGroupReq):
+        args = (
+            req.group_name,
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.backend,
+        )
+        await asyncio.to_thread(state.open_group, *args)
+        return {"success": True, "message": f"joined group {req.group_name!r} as rank {req.rank_offset}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_distributed(req: p.UpdateFromDistributedReq):
+        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version)
+        error = await asyncio.to_thread(state.update_from_distributed, *args)
+        return _fail(error) if error else {"success": True, "message": f"updated {len(req.names)} tensors"}
+
+    @app.post("/update_weights_from_disk")
+    async def update_disk(req: p.UpdateFromDiskReq):
+        error = await asyncio.to_thread(state.update_from_disk, req.model_path, req.weight_version)
+        return _fail(error) if error else {"success": True, "message": f"loaded {req.model_path}"}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(req: p.GroupNameReq):
+        state.close_group(req.group_name)
+        return {"success": True, "message": f"destroyed group {req.group_name!r}"}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        return {"success": True, "message": "no prefix cache: nothing to flush"}
+
+    @app.post("/pause_generation")
+    async def pause(req: p.PauseReq):
+        running.clear()
+        if req.mode == "abort":
+            state.abort(abort_all=True)
+        return {"success": True, "message": f"paused ({req.mode})"}
+
+    @app.post("/continue_generation")
+    async def resume():
+        running.set()
+        return {"success": True, "message": "continued"}
+
+    @app.post("/abort_request")
+    async def abort(req: p.AbortReq):
+        state.abort(req.rid, req.abort_all)
+        return {"success": True, "message": "aborted"}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate():
+        prompt = [state.tokenizer.bos_token_id or 0]
+        # its own seed, so health probes do not shift the server's sampling stream
+        await asyncio.to_thread(state.generate, [prompt], {"max_new_tokens": 1}, 0, threading.Event())
+        return {"status": "ok"}
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request):
+        # SGLang reads a JSON body even on GET; query parameters are accepted too.
+        body = await request.json() if await request.body() else dict(request.query_params)
+        try:
+            req = p.WeightsByNameReq.model_validate(body)
+        except ValidationError as exc:
+            raise BadRequest(p.validation_message(exc)) from exc
+        return await asyncio.to_thread(state.weights_by_name, req.name, req.truncate_size)
+
+    @app.get("/get_model_info")
+    async def model_info():
+        return {"model_path": state.model_path, "is_generation": True, "weight_version": state.weight_version}
+
+    @app.get("/get_weight_version")
+    async def weight_version():
+        return {"weight_version": state.weight_version}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--weight-version", default="0")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    app = create_app(EngineState(args.model_path, args.seed, args.weight_version))
+    # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The built-in engine server as a real process: SGLang-shaped generate, weight updates over a
+weight-update group (this test process plays trainer rank 0), and process lifetime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from infra.config import TinyModelConfig
+from infra.model.tiny import build_tiny_model
+from infra.rollout.client import EngineClient, EngineError
+from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.weights.group import broadcast, free_port, open_update_group
+
+REPO = Path(__file__).resolve().parents[2]
+PARAMS = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig())
+
+
+@pytest.fixture(scope="module")
+def server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    torch.set_num_threads(1)
+    port = free_port()
+    log = str(tmp_path_factory.mktemp("log") / "engine.log")
+    proc = launch_engine(
+        "torch", str(model_dir), "127.0.0.1", port, seed=0, threads=1, extra_args={}, log_path=log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, proc, 60)
+        yield url, proc
+    finally:
+        stop_engine(proc)
+
+
+@pytest.fixture
+def client(server) -> EngineClient:
+    return EngineClient(server[0], timeout_s=60)
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_generate_single_batch_and_n(server):
+    url = server[0]
+    single = _post(
+        url, "/generate", {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": 4}}
+    ).json()
+    assert isinstance(single, dict) and set(single) >= {"text", "output_ids", "meta_info"}
+    meta = single["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 4}
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 4 and meta["weight_version"] == "0"
+    assert "output_token_logprobs" not in meta  # only with return_logprob, as in SGLang
+
+    body = {
+        "input_ids": [[1, 5], [1, 6, 7]],
+        "sampling_params": {"max_new_tokens": 3, "n": 3},
+        "return_logprob": True,
+    }
+    batch = _post(url, "/generate", body).json()
+    assert [o["meta_info"]["prompt_tokens"] for o in batch] == [2, 2, 2, 3, 3, 3]  # input-major
+    for out in batch:
+        logprobs = out["meta_info"]["output_token_logprobs"]
+        assert [t for _, t, _ in logprobs] == out["output_ids"] and all(lp < 0 for lp, _, _ in logprobs)
+        assert all(text is None for _, _, text in logprobs)
+
+    by_text = _post(url, "/generate", {"text": ["ab", "c"], "sampling_params": {"max_new_tokens": 2}}).json()
+    assert [o["meta_info"]["prompt_tokens"] for o in by_text] == [2, 1]
+
+
+def test_stop_token_ids_and_seed(client):
+    greedy = {"max_new_tokens": 8, "temperature": 0}
+    (free,) = client.generate([[1, 9, 9]], greedy)
+    stop = free["output_ids"][1]
+    (stopped,) = client.generate([[1, 9, 9]], {**greedy, "stop_token_ids": [stop]})
+    assert (
+        stopped["output_ids"][-1] == stop and len(stopped["output_ids"]) == free["output_ids"].index(stop) + 1
+    )
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    seeded = {"max_new_tokens": 6, "sampling_seed": 11, "n": 2}
+    first, again = (client.generate([[1, 4]], seeded) for _ in range(2))
+    assert [o["output_ids"] for o in first] == [o["output_ids"] for o in again]
+    assert [o["meta_info"]["output_token_logprobs"] for o in first] == [
+        o["meta_info"]["output_token_logprobs"] for o in again
+    ]
+
+
+def test_get_weights_by_name_is_the_file(client, model_dir):
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    name = "model.embed_tokens.weight"
+    full = torch.tensor(client.get_weights_by_name(name), dtype=torch.float32)
+    assert torch.equal(full, tensors[name].flatten())
+    assert len(client.get_weights_by_name(name, truncate_size=5)) == 5
+
+
+def test_weight_update_over_group(client):
+    port, group_name = free_port(), "test-group"
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(client.init_weights_update_group, "127.0.0.1", port, 1, 2, group_name)
+        group = open_update_group("127.0.0.1", port, rank=0, world_size=2, timeout_s=60)
+        joined.result(timeout=60)
+
+        shapes = [list(torch.Size(s)) for s in ([64, 256], [64])]
+        new = [torch.randn(s) for s in shapes]
+        posted = pool.submit(
+            client.update_weights_from_distributed, PARAMS, ["float32"] * 2, shapes, group_name, True, "7"
+        )
+        for tensor in new:
+            broadcast(group, tensor, src=0)
+        posted.result(timeout=60)
+        for name, tensor in zip(PARAMS, new, strict=True):
+            assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor.flatten())
+        assert client.weight_version() == "7"
+        assert client.generate([[1, 2]], {"max_new_tokens": 1})[0]["meta_info"]["weight_version"] == "7"
+
+        # an unknown name fails the whole update: the known tensor is not applied either
+        names = ["model.no_such.weight", PARAMS[1]]
+        posted = pool.submit(
+            client.update_weights_from_distributed, names, ["float32"] * 2, [[3], [64]], group_name
+        )
+        for tensor in (torch.zeros(3), torch.zeros(64)):
+            broadcast(group, tensor, src=0)
+        with pytest.raises(EngineError, match="model.no_such.weight"):
+            posted.result(timeout=60)
+        assert torch.equal(torch.tensor(client.get_weights_by_name(PARAMS[1])), new[1])
+
+    client.destroy_weights_update_group(group_name)
+    with pytest.raises(EngineError, match="group_name"):
+        client.update_weights_from_distributed(PARAMS[1:], ["float32"], [[64]], group_name)
+
+
+def test_update_weights_from_disk(client, tmp_path):
+    other = build_tiny_model(tmp_path / "other", TinyModelConfig(seed=1))
+    client.update_weights_from_disk(str(other), weight_version="disk-1")
+    name = "model.layers.1.self_attn.q_proj.weight"
+    expected = load_file(str(other / "model.safetensors"))[name]
+    assert torch.equal(torch.tensor(client.get_weights_by_name(name)), expected.flatten())
+    assert client.weight_version() == "disk-1"
+    with pytest.raises(EngineError, match="model_path"):
+        client.update_weights_from_disk(str(tmp_path / "missing"))
+
+
+def test_pause_continue_and_abort(client):
+    with ThreadPoolExecutor(2) as pool:
+        client.pause_generation(mode="in_place")
+        waiting = pool.submit(client.generate, [[1, 3]], {"max_new_tokens": 2})
+        time.sleep(0.5)
+        assert not waiting.done()  # paused: new requests wait
+        client.continue_generation()
+        assert len(waiting.result(timeout=30)[0]["output_ids"]) == 2
+
+        # long generations, aborted in flight by rid, then by pause(abort)
+        long = {"max_new_tokens": 20000, "ignore_eos": True}
+        for stop in (lambda: client.abort_request(rid="long-1"), lambda: client.pause_generation("abort")):
+            running = pool.submit(client.generate, [[1, 3], [1, 4]], long, "long-1")
+            time.sleep(0.5)
+            while not running.done():  # repeat: the request may not have arrived yet
+                stop()
+                time.sleep(0.2)
+            outs = running.result(timeout=30)
+            assert all(o["meta_info"]["finish_reason"] == {"type": "abort"} for o in outs)
+            assert all(len(o["output_ids"]) < 20000 for o in outs)
+        client.continue_generation()
+
+
+def test_bad_requests_name_the_field(server, client):
+    url = server[0]
+    resp = _post(url, "/init_weights_update_group", {"master_port": 1, "rank_offset": 1, "world_size": 2})
+    assert resp.status_code == 400 and "master_address" in resp.json()["message"]
+    resp = _post(url, "/generate", {"sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400 and "input_ids" in resp.json()["message"]
+    resp = _post(url, "/generate", {"input_ids": [1], "sampling_params": {"min_p": 0.1}})
+    assert resp.status_code == 400 and "min_p" in resp.json()["message"]
+    with pytest.raises(EngineError, match="name"):
+        client.get_weights_by_name("nope")
+    # a CPU torch build has no NCCL: refused with the reason before any rendezvous
+    with pytest.raises(EngineError, match="nccl"):
+        client.init_weights_update_group("127.0.0.1", free_port(), 1, 2, "g", backend="nccl")
+    assert httpx.get(f"{url}/health_generate", timeout=30).status_code == 200
+
+
+def test_stop_engine_ends_the_process(model_dir):
+    proc = launch_engine("torch", str(model_dir), "127.0.0.1", free_port(), seed=0, threads=1, extra_args={})
+    stop_engine(proc, timeout_s=10)
+    assert proc.poll() is not None and not _alive(proc.pid)
+
+
+def test_engine_dies_with_its_parent(model_dir):
+    launcher = (
+        "import sys, time\n"
+        "from infra.rollout.engine import launch_engine\n"
+        f"p = launch_engine('torch', {str(model_dir)!r}, '127.0.0.1', {free_port()}, seed=0, threads=1)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    engine_pid = -1
+    try:
+        engine_pid = int(parent.stdout.readline())
+        assert _alive(engine_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(engine_pid)
+    finally:
+        parent.kill()
+        if engine_pid > 0 and _alive(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)
+
+
+def test_wait_until_healthy_fails_fast_with_log(tmp_path):
+    log = str(tmp_path / "bad.log")
+    proc = launch_engine(
+        "torch", str(tmp_path / "missing"), "127.0.0.1", free_port(), seed=0, threads=1, log_path=log
+    )
+    started = time.monotonic()
+    with pytest.raises(EngineError, match="exited"):
+        wait_until_healthy("http://127.0.0.1:1", proc, 60)
+    assert time.monotonic() - started < 30
