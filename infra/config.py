@@ -75,7 +75,7 @@ class SamplingConfig(_Section):
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(-1, description="Keep the k most likely tokens; -1 keeps all.")
-    max_new_tokens: int = Field(4, ge=1, description="Longest response, in tokens.")
+    max_new_tokens: int = Field(1, ge=1, description="Longest response, in tokens.")
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Strings (single tokens) that end a response."
     )
@@ -85,8 +85,8 @@ class RolloutConfig(_Section):
     engine: Literal["torch", "sglang"] = Field(
         "torch", description="`torch`: the built-in CPU/GPU server. `sglang`: SGLang servers (GPU only)."
     )
-    prompts_per_rollout: int = Field(32, ge=1, description="Prompts drawn per iteration.")
-    n_samples_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the GRPO group size).")
+    prompts_per_rollout: int = Field(64, ge=1, description="Prompts drawn per iteration.")
+    n_samples_per_prompt: int = Field(16, ge=1, description="Responses per prompt (the GRPO group size).")
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
     )
@@ -100,11 +100,11 @@ class RolloutConfig(_Section):
 
 class DataConfig(_Section):
     train_path: str = Field(
-        "builtin:digit-add",
+        "builtin:digit-copy",
         description="Training prompts: jsonl or parquet (local or s3://), or `builtin:<task>`.",
     )
     eval_path: str = Field(
-        "builtin:digit-add",
+        "builtin:digit-copy",
         description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split.",
     )
     prompt_key: str = Field("prompt", description="Column holding the prompt text.")
@@ -118,7 +118,7 @@ class DataConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    lr: float = Field(3e-3, gt=0, description="AdamW learning rate.")
+    lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")

@@ -54,10 +54,22 @@ _TASKS: dict[str, Callable[[Split], list[dict]]] = {"digit-add": _digit_add, "di
 BUILTIN_TASKS: tuple[str, ...] = tuple(_TASKS)
 
 
+# A training epoch passes over a task's prompts several times: with a few dozen distinct
+# prompts an epoch would otherwise end every iteration, and with it every epoch-end save
+# and eval would fire every iteration.
+EPOCH_ROWS = 640
+
+
 def builtin_rows(name: str, split: Split) -> list[dict]:
-    """Rows `{"prompt", "label"}` of built-in task `name`; the same list on every call."""
+    """Rows `{"prompt", "label"}` of built-in task `name`; the same list on every call.
+
+    The train split repeats the task's prompts up to at least EPOCH_ROWS rows.
+    """
     if name not in _TASKS:
         raise ValueError(f"unknown built-in task {name!r}; known: {', '.join(BUILTIN_TASKS)}")
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    return _TASKS[name](split)
+    rows = _TASKS[name](split)
+    if split == "train":
+        rows = rows * -(-EPOCH_ROWS // len(rows))
+    return rows

@@ -17,8 +17,8 @@ def test_no_constant_answer_scores_above_0_2(name: str, split: str) -> None:
 
 def test_digit_add_split_is_disjoint_fixed_and_complete() -> None:
     train, eval_ = builtin_rows("digit-add", "train"), builtin_rows("digit-add", "eval")
-    assert (len(train), len(eval_)) == (43, 12)
     train_prompts, eval_prompts = {r["prompt"] for r in train}, {r["prompt"] for r in eval_}
+    assert (len(train_prompts), len(eval_), len(train)) == (43, 12, 43 * 15)
     assert not train_prompts & eval_prompts
     assert len(train_prompts | eval_prompts) == 55
     assert builtin_rows("digit-add", "eval") == eval_  # deterministic
@@ -28,9 +28,10 @@ def test_digit_add_split_is_disjoint_fixed_and_complete() -> None:
 
 
 def test_digit_copy() -> None:
-    rows = builtin_rows("digit-copy", "train")
-    assert rows == builtin_rows("digit-copy", "eval")
+    rows = builtin_rows("digit-copy", "eval")
     assert [(r["prompt"], r["label"]) for r in rows] == [(f"{d}:", str(d)) for d in range(10)]
+    # an epoch of training passes over the prompts many times, each equally often
+    assert builtin_rows("digit-copy", "train") == rows * 64
 
 
 def test_unknown_task_lists_known_ones() -> None:
