@@ -12,10 +12,7 @@ from infra.config import RunConfig
 
 
 def _default(field) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+    value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         return "(section)"
     return f"`{json.dumps(value)}`"

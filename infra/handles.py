@@ -46,7 +46,7 @@ class RunHandles:
         if self.cfg.weight_sync.method == "disk":
             # engines read the export themselves: they must share this storage (local runs)
             path = self.store.uri("weights", f"v{weight_version:07d}")
-            ray.get([t.export_hf.remote(path) for t in self.trainers])
+            ray.get([t.export_hf.remote(path, storage_options(self.cfg.storage)) for t in self.trainers])
             for url in self.engine_urls:
                 EngineClient(url, self.cfg.rollout.request_timeout_s).update_weights_from_disk(
                     path, str(weight_version)
@@ -90,7 +90,7 @@ class RunHandles:
         result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
         if export_hf:
             result["hf_export_uri"] = self.store.uri("hf", "latest")
-            ray.get([t.export_hf.remote(result["hf_export_uri"]) for t in self.trainers])
+            ray.get([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers])
         result["time_save_s"] = time.monotonic() - t0
         return result
 

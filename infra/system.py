@@ -76,7 +76,7 @@ class RLSystem:
                 scheduling_strategy=in_bundle(self.groups["trainer"], rank),
             ).remote(cfg, rank, tr.num_workers)
             self.trainers.append(actor)
-        addr, port = ray.get(self.trainers[0].master_address.remote(local))
+        addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
 
         # threaded: the trainers fetch batch k while generation of k+1 runs

@@ -9,7 +9,6 @@ with gloo on CPUs and with nccl where asked (GPU only).
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
@@ -46,10 +45,3 @@ def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> N
     opts = dist.BroadcastOptions()
     opts.rootRank = src
     group.broadcast([tensor], opts).wait()
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on loopback (racy by nature; fine for tests and local runs)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

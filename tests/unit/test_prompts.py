@@ -56,7 +56,9 @@ def test_state_and_check_state() -> None:
 
 
 def test_builtin_paths() -> None:
-    assert len(load_rows("builtin:digit-add", "x", "y", {})) == 43 * 15  # train repeats its prompts to EPOCH_ROWS
+    assert (
+        len(load_rows("builtin:digit-add", "x", "y", {})) == 43 * 15
+    )  # train repeats its prompts to EPOCH_ROWS
     assert len(load_rows("builtin:digit-add:eval", "x", "y", {})) == 12
     with pytest.raises(ValueError, match="digit-copy"):
         load_rows("builtin:nope", "prompt", "label", {})

@@ -17,11 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.weights.group import broadcast, free_port, open_update_group
+from infra.weights.group import broadcast, open_update_group
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]

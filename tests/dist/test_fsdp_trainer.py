@@ -1,0 +1,333 @@
+"""Real FSDP2 on 2 gloo ranks (spawned processes) with the tiny model."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from infra.config import AlgorithmConfig, RunConfig, TinyModelConfig
+from infra.model.tiny import build_tiny_model
+from infra.rollout.batch import RolloutBatch, Sample
+from infra.cluster.network import free_port
+from infra.weights.group import broadcast, open_update_group
+
+pytestmark = pytest.mark.dist
+ADDR = "127.0.0.1"
+
+
+def _cfg(**algorithm) -> RunConfig:
+    return RunConfig(
+        rollout={"prompts_per_rollout": 2, "n_samples_per_prompt": 4, "sampling": {"temperature": 0.7}},
+        algorithm={"micro_batch_size": 2, **algorithm},
+        cluster={"trainer": {"num_workers": 2}},
+        weight_sync={"bucket_size_mb": 0.05},  # the tiny model then needs several buckets
+    )
+
+
+def _batch(seed: int, n: int = 8) -> RolloutBatch:
+    g = random.Random(seed)
+    samples = []
+    for i in range(n):
+        response = [] if i == 5 else [g.randrange(4, 100) for _ in range(g.randint(1, 6))]
+        samples.append(
+            Sample(
+                prompt="", label="", response="",
+                prompt_ids=[g.randrange(4, 100) for _ in range(g.randint(3, 8))],
+                response_ids=response,
+                engine_logprobs=[-4.0] * len(response),
+                weight_version=0, group=i // 4,
+                status="failed" if i == 6 else "completed",
+                advantage=g.uniform(-1.5, 1.5),
+            )
+        )  # fmt: skip
+    return RolloutBatch(rollout_id=seed, samples=samples)
+
+
+def _spawn(fn, nprocs: int, *args) -> None:
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=True)
+
+
+def _full_params(model) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+
+
+def _full_train_state(trainer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
+    return {"model": model_sd, "optim": optim_sd, "scheduler": trainer.scheduler.state_dict()}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig())
+
+
+# --- (a) training step + full state dict, (c) DCP round trip ------------------------------
+
+
+def _train_save_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from infra.trainer.rank import TrainerRank
+
+    torch.set_num_threads(1)
+    trainer = TrainerRank(_cfg(), rank, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    before = _full_params(trainer.model)
+    metrics = trainer.train(0, _batch(0))
+    torch.save(
+        {"before": before, "after": _full_params(trainer.model), "metrics": metrics}, f"{out}/a{rank}.pt"
+    )
+    full = trainer.full_state_dict()
+    trainer.save_checkpoint(f"{out}/ckpt_local", {})
+    trainer.save_checkpoint(f"file://{out}/ckpt_fsspec", {"auto_mkdir": True})
+    saved = _full_train_state(trainer)
+    metrics_next = trainer.train(1, _batch(1))
+    state = {"full": full, "saved": saved, "next": _full_train_state(trainer), "metrics_next": metrics_next}
+    if rank == 0:  # full state dicts are gathered by all ranks but held by rank 0 only
+        torch.save(state, f"{out}/c_save.pt")
+    trainer.shutdown()
+
+
+def _load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from infra.trainer.rank import TrainerRank
+
+    torch.set_num_threads(1)
+    trainer = TrainerRank(_cfg(), rank, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    trainer.load_checkpoint(f"{out}/ckpt_local", {})
+    loaded_local = _full_train_state(trainer)
+    trainer.load_checkpoint(f"file://{out}/ckpt_fsspec", {})
+    loaded = _full_train_state(trainer)
+    metrics_next = trainer.train(1, _batch(1))
+    state = {"loaded_local": loaded_local, "loaded": loaded, "next": _full_train_state(trainer)}
+    if rank == 0:
+        torch.save({**state, "metrics_next": metrics_next}, f"{out}/c_load.pt")
+    trainer.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained")
+    _spawn(_train_save_worker, 2, free_port(), str(model_dir), str(out))
+    return out
+
+
+def test_train_step_changes_weights_and_full_state_dict_is_exact(trained, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    r0, r1 = torch.load(trained / "a0.pt"), torch.load(trained / "a1.pt")
+    assert r0["metrics"] == r1["metrics"] | {"time_train_s": r0["metrics"]["time_train_s"]}
+    assert r0["metrics"]["num_steps"] == 1 and r0["metrics"]["response_tokens"] > 0
+    assert r0["metrics"]["grad_norm"] > 0 and r0["metrics"]["train_engine_logprob_abs_diff"] > 0
+    assert all(not torch.equal(r0["before"][n], r0["after"][n]) for n in r0["after"])
+    assert all(torch.equal(r0["after"][n], r1["after"][n]) for n in r0["after"])  # both ranks' view
+
+    full = torch.load(trained / "c_save.pt")["full"]
+    assert full.keys() == r0["after"].keys()
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    plain.load_state_dict(full)
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(tensor, r0["after"][name]), name
+
+
+def _assert_equal_tree(a, b, path="") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_equal_tree(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+def test_dcp_round_trip_is_bitwise(trained, model_dir):
+    _spawn(_load_worker, 2, free_port(), str(model_dir), str(trained))
+    saved, loaded = torch.load(trained / "c_save.pt"), torch.load(trained / "c_load.pt")
+    assert saved["saved"]["optim"]["state"], "the optimizer state must not be empty"
+    _assert_equal_tree(saved["saved"], loaded["loaded_local"])
+    _assert_equal_tree(saved["saved"], loaded["loaded"])
+    # training on from the checkpoint continues exactly as without the restart
+    _assert_equal_tree(saved["next"], loaded["next"])
+    assert saved["metrics_next"]["loss"] == loaded["metrics_next"]["loss"]
+
+
+# --- (b) 2 ranks x micro-batches == one process on the whole batch -------------------------
+
+ALG = {"kl_coef": 0.1, "entropy_coef": 0.01, "grad_clip": 0.5, "eps_clip": 0.1, "eps_clip_high": 0.15}
+
+
+def _sgd_run(model_dir: str, world_size: int, rank: int, micro_batch_size: int) -> tuple[dict, dict]:
+    """Two optimizer steps of plain SGD, so the weight change is the (clipped) gradient itself."""
+    from transformers import AutoModelForCausalLM
+
+    from infra.trainer.parallelize import parallelize
+    from infra.trainer.step import train_on_batch
+
+    def load(trainable: bool):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(trainable)
+        return parallelize(model, world_size) if world_size > 1 else model
+
+    model, ref = load(True), load(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    metrics = train_on_batch(
+        model, optimizer, scheduler, _batch(0).samples,
+        rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **ALG),
+        global_batch_size=4, temperature=0.7, ref_model=ref,
+    )  # fmt: skip
+    params = _full_params(model) if world_size > 1 else {n: p.detach() for n, p in model.named_parameters()}
+    return metrics, params
+
+
+def _sgd_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from infra.trainer.parallelize import init_distributed
+
+    torch.set_num_threads(1)
+    init_distributed(rank, 2, ADDR, port)
+    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1)
+    torch.save({"metrics": metrics, "params": params}, f"{out}/b{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path):
+    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path))
+    torch.set_num_threads(1)
+    ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"b{rank}.pt")
+        assert got["metrics"]["num_steps"] == 2
+        for key in ("loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"):
+            assert got["metrics"][key] == pytest.approx(ref_metrics[key], abs=1e-5), key
+        assert got["metrics"]["response_tokens"] == ref_metrics["response_tokens"]
+        assert ref_metrics["grad_norm"] > ALG["grad_clip"]  # clipping was active: the norm must be global
+        assert ref_metrics["kl"] > 0
+        for name, tensor in ref_params.items():
+            torch.testing.assert_close(got["params"][name], tensor, atol=1e-5, rtol=0, msg=name)
+
+
+# --- (d) weight sync: bucketed full_tensor gathers broadcast from trainer rank 0 -----------
+
+
+class _QueueEngine:
+    """Stands in for EngineClient in the trainer process: hands each request to the in-test
+    receiver by a queue; the tensors then travel by the real broadcasts of update_weights."""
+
+    queue = None
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+
+    def init_weights_update_group(
+        self, master_address, master_port, rank_offset, world_size, group_name, backend
+    ):
+        self.queue.put(("init", master_address, master_port, rank_offset, world_size, backend))
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache, weight_version):
+        self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version))
+
+
+def _receiver(queue, out: str) -> None:
+    _, addr, port, rank, world_size, backend = queue.get(timeout=120)
+    group = open_update_group(addr, port, rank, world_size, backend=backend)
+    received, requests = {}, []
+    while (msg := queue.get(timeout=120))[0] == "update":
+        _, names, dtypes, shapes, flush_cache, version = msg
+        requests.append({"names": names, "flush_cache": flush_cache, "weight_version": version})
+        for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+            received[name] = torch.empty(shape, dtype=getattr(torch, dtype))
+            broadcast(group, received[name], src=0)
+    torch.save({"received": received, "requests": requests}, f"{out}/d_recv.pt")
+
+
+def _sync_worker(index: int, port: int, model_dir: str, out: str, queue) -> None:
+    torch.set_num_threads(1)
+    if index == 2:  # the third process plays the engine
+        return _receiver(queue, out)
+    import infra.trainer.rank as rank_module
+
+    _QueueEngine.queue = queue
+    rank_module.EngineClient = _QueueEngine
+    trainer = rank_module.TrainerRank(_cfg(), index, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    trainer.train(0, _batch(0))
+    trainer.init_weight_update_group(["queue://engine"], "sync")
+    stats = trainer.update_weights(3)
+    full = trainer.full_state_dict()
+    if index == 0:
+        queue.put(("stop",))
+        torch.save({"stats": stats, "full": full}, f"{out}/d_send.pt")
+    trainer.shutdown()
+
+
+def test_update_weights_broadcasts_every_parameter_in_order(model_dir, tmp_path):
+    queue = mp.get_context("spawn").Queue()
+    _spawn(_sync_worker, 3, free_port(), str(model_dir), str(tmp_path), queue)
+    sent, recv = torch.load(tmp_path / "d_send.pt"), torch.load(tmp_path / "d_recv.pt")
+    requests = recv["requests"]
+    assert sent["stats"]["num_buckets"] == len(requests) > 2
+    assert sent["stats"]["bytes"] == sum(t.numel() * t.element_size() for t in sent["full"].values())
+    assert [name for r in requests for name in r["names"]] == list(sent["full"])  # parameter order
+    assert [r["flush_cache"] for r in requests] == [False] * (len(requests) - 1) + [True]
+    assert {r["weight_version"] for r in requests} == {"3"}
+    for name, tensor in sent["full"].items():
+        assert torch.equal(recv["received"][name], tensor), name
+
+
+def _server_worker(rank: int, port: int, model_dir: str, out: str, url: str) -> None:
+    from infra.rollout.client import EngineClient
+    from infra.trainer.rank import TrainerRank, WeightMismatchError
+
+    torch.set_num_threads(1)
+    trainer = TrainerRank(_cfg(), rank, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    trainer.train(0, _batch(0))
+    trainer.init_weight_update_group([url], "sync")
+    result = {"stats": trainer.update_weights(7), "check": trainer.check_weights_equal([url])}
+    if rank == 0:
+        result["version"] = EngineClient(url).weight_version()
+        EngineClient(url).update_weights_from_disk(model_dir)  # the engine falls back to the initial weights
+    torch.distributed.barrier()
+    try:
+        trainer.check_weights_equal([url])
+    except WeightMismatchError as exc:
+        result["mismatch"] = str(exc)
+    if rank == 0:
+        torch.save(result, f"{out}/server.pt")
+    trainer.shutdown()
+
+
+def test_update_weights_to_builtin_engine_server(model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from infra.rollout.client import EngineClient
+
+    url = f"http://{ADDR}:{(server_port := free_port())}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "infra.rollout.server",
+        "--model-path",
+        str(model_dir),
+        "--port",
+        str(server_port),
+    ]
+    server = subprocess.Popen(cmd)
+    try:
+        EngineClient(url).wait_healthy(60)
+        _spawn(_server_worker, 2, free_port(), str(model_dir), str(tmp_path), url)
+    finally:
+        server.terminate()
+        server.wait(10)
+    result = torch.load(tmp_path / "server.pt")
+    assert result["version"] == "7"
+    assert result["check"] == {"weights_checked": 21, "max_abs_diff": 0.0}  # 2 layers x 9 + embed, norm, head
+    # the first parameter already differs: the error names it, the engine and the size of the gap
+    assert result["mismatch"].startswith(f"model.embed_tokens.weight: engine {url} differs")
+    assert "max abs diff" in result["mismatch"]

@@ -1,0 +1,104 @@
+"""The train flow end to end: real Prefect API, local Ray, 2 FSDP2 gloo ranks, one engine."""
+
+import asyncio
+
+import pandas as pd
+import pytest
+import ray
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from flows.train import train
+from infra.config import RunConfig
+from infra.storage.fs import RunStore
+from infra.storage.metrics import read_metrics
+from tests.flows.conftest import engine_server_pids
+
+pytestmark = pytest.mark.flow
+
+
+def small_config(tmp_path, **over) -> RunConfig:
+    tree = {
+        "run_name": "it",
+        "num_rollout": 3,
+        "rollout": {"prompts_per_rollout": 16, "n_samples_per_prompt": 8},
+        "weight_sync": {"check_weight_update_equal": True},
+        "storage": {"uri": str(tmp_path / "runs")},
+        "checkpoint": {"save_interval": 2},
+        "eval": {"interval": 3, "num_prompts": 8, "n_samples": 2, "pass_k": [1, 2]},
+    }
+    tree.update(over)
+    return RunConfig.model_validate(tree)
+
+
+async def _task_runs(flow_run_id):
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {r.name: r for r in runs}
+
+
+def run_flow(cfg):
+    state = train(cfg, return_state=True)
+    assert state.is_completed(), state.message
+    runs = asyncio.run(_task_runs(state.state_details.flow_run_id))
+    return state, runs
+
+
+def overlaps(a, b) -> bool:
+    return a.start_time < b.end_time and b.start_time < a.end_time
+
+
+def test_async_flow_overlaps_and_keeps_engines_in_sync(prefect_api, tmp_path):
+    cfg = small_config(tmp_path)
+    state, runs = run_flow(cfg)
+
+    for k in range(3):
+        for name in ("generate", "train"):
+            assert runs[f"{name}-{k:04d}"].state.is_completed()
+    # generation of k+1 ran while the trainer trained on k
+    for k in range(2):
+        assert overlaps(runs[f"generate-{k + 1:04d}"], runs[f"train-{k:04d}"]), k
+    assert {"save-0001", "save-0002", "eval-0002", "sync-0000", "sync-0003"} <= set(runs)
+
+    store = RunStore(cfg.storage, cfg.run_name)
+    rows = read_metrics(store)
+    assert [r["rollout_id"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        for key in ("reward_mean", "time_generate_s", "time_train_s", "time_sync_s", "time_iteration_s"):
+            assert key in r
+        # after each sync every engine tensor equalled the trainer's
+        assert r["weights_checked"] > 0 and r["max_abs_diff"] == 0.0
+    assert "eval_reward_mean" in rows[2] and "eval_pass@2" in rows[2]
+
+    for k in range(3):
+        frame = pd.read_parquet(store.uri("rollouts", f"{k:07d}.parquet"))
+        assert len(frame) == 16 * 8
+        assert frame["weight_version"].notna().all()
+        # one step off-policy: rollout k was sampled by the weights after training k-2
+        assert set(frame["weight_version"]) == {max(0, k - 1)}
+        assert (frame["response_ids"].map(len) == frame["engine_logprobs"].map(len)).all()
+
+    assert store.exists("checkpoints/iter_0000002/COMMITTED")
+    assert not ray.is_initialized()
+    assert engine_server_pids() == []
+
+
+def test_sync_mode_does_not_overlap(prefect_api, tmp_path):
+    cfg = small_config(tmp_path, mode="sync", num_rollout=2, eval={"interval": None})
+    _, runs = run_flow(cfg)
+    assert runs["generate-0001"].start_time >= runs["train-0000"].end_time
+    frame = pd.read_parquet(RunStore(cfg.storage, cfg.run_name).uri("rollouts", "0000001.parquet"))
+    assert set(frame["weight_version"]) == {1}  # on-policy: sampled after the sync of iteration 0
+
+
+def test_failure_disposes_everything(prefect_api, tmp_path):
+    cfg = small_config(tmp_path, data={"reward": "no_such_module:reward"})
+    state = train(cfg, return_state=True)
+    assert state.is_failed()
+    assert "no_such_module" in str(state.message) or "no_such_module" in repr(
+        state.result(raise_on_failure=False)
+    )
+    assert not ray.is_initialized()
+    assert engine_server_pids() == []
