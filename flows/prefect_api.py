@@ -17,6 +17,8 @@ def ensure_api_server() -> str:
     url = PREFECT_API_URL.value()
     if url:
         return url
+    # the local server has no network to report usage to; don't let it try
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = SubprocessASGIServer()
     server.start()
     os.environ["PREFECT_API_URL"] = server.api_url

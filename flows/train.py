@@ -29,11 +29,23 @@ from tasks.save import save
 from tasks.sync import sync
 from tasks.train import train as train_step
 
+# What a Ray worker imports to run a task run; loaded while the engines start, not during
+# the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
+WORKER_IMPORTS = [
+    "prefect.task_engine",
+    "prefect.client.orchestration",
+    "prefect_ray.task_runners",
+    "tasks.train",
+]
+
 
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
-    with RLSystem(config, worker_env()) as run, remote_options(num_cpus=0):
+    with (
+        RLSystem(config, worker_env(), warm_imports=["prefect", "tasks.train"]) as run,
+        remote_options(num_cpus=0),
+    ):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
         schedule = LoopSchedule.from_config(config, run.ends_epoch)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import ray
 
 from infra.cluster.placement import plan_placement
-from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups
+from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups, warm_workers
 from infra.config import RunConfig
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
@@ -23,12 +23,20 @@ from infra.trainer.rank import TrainerRank
 
 log = logging.getLogger(__name__)
 WEIGHT_GROUP = "prl-weights"
+# Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval).
+CONTROL_WORKERS = 2
 
 
 class RLSystem:
-    def __init__(self, cfg: RunConfig, worker_env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        worker_env: Mapping[str, str] | None = None,
+        warm_imports: list[str] | None = None,
+    ):
         self.cfg = cfg
         self.worker_env = dict(worker_env or {})
+        self.warm_imports = warm_imports or []
         self.owns_ray = False
         self.groups: dict = {}
         self.actors: list = []
@@ -86,6 +94,8 @@ class RLSystem:
         self.actors.append(manager)
         if cfg.weight_sync.method == "broadcast":
             ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
+        # after the actors: Ray would otherwise hand the warmed workers to them
+        ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
         return RunHandles(
             cfg=cfg,
             manager=manager,

@@ -36,6 +36,13 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
             # the demo moves kilobytes per iteration; a small store keeps memory low
             object_store_memory=256 * 1024 * 1024,
             log_to_driver=True,
+            # Ray kills idle workers beyond this many processes, actors included; the control
+            # tasks' warm workers must survive between iterations or every task cold-starts.
+            _system_config={
+                "num_workers_soft_limit": len(layout.roles["trainer"].bundles)
+                + len(layout.roles["engines"].bundles)
+                + 4
+            },
         )
     return True
 
@@ -61,3 +68,23 @@ def in_bundle(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrateg
 def remove_groups(groups: Mapping[str, PlacementGroup]) -> None:
     for pg in groups.values():
         remove_placement_group(pg)
+
+
+def _import_and_wait(modules: list[str], seconds: float) -> int:
+    import importlib
+    import time
+
+    for name in modules:
+        importlib.import_module(name)
+    time.sleep(seconds)  # hold this worker so the next warm-up lands on another one
+    return os.getpid()
+
+
+def warm_workers(count: int, modules: list[str]) -> list[ray.ObjectRef]:
+    """Start `count` idle workers with `modules` imported, without waiting for them.
+
+    The loop runs generate(k+1) and train(k) at the same time on two workers; a cold
+    worker spends seconds importing Prefect, which would serialize the first iterations.
+    """
+    task = ray.remote(num_cpus=0)(_import_and_wait)
+    return [task.remote(modules, 1.0) for _ in range(count)]

@@ -1,3 +1,5 @@
+import os
+
 import psutil
 import pytest
 from prefect.testing.utilities import prefect_test_harness
@@ -6,6 +8,8 @@ from prefect.testing.utilities import prefect_test_harness
 @pytest.fixture(scope="session")
 def prefect_api():
     """A real Prefect API server (subprocess on loopback, temporary database)."""
+    # no network here: the server must not try to send usage telemetry
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     with prefect_test_harness(server_startup_timeout=120):
         from prefect.settings import PREFECT_API_URL
 
