@@ -9,10 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from infra.config import AlgorithmConfig, RunConfig, TinyModelConfig
-from infra.model.tiny import build_tiny_model
-from infra.rollout.batch import RolloutBatch, Sample
 from infra.cluster.network import free_port
+from infra.config import AlgorithmConfig, RunConfig
+from infra.rollout.batch import RolloutBatch, Sample
 from infra.weights.group import broadcast, open_update_group
 
 pytestmark = pytest.mark.dist
@@ -61,11 +60,6 @@ def _full_train_state(trainer) -> dict:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd, "scheduler": trainer.scheduler.state_dict()}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig())
 
 
 # --- (a) training step + full state dict, (c) DCP round trip ------------------------------
