@@ -30,6 +30,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.checkpoint_io
+	$(BIN)/python -m bench.demo_footprint
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,0 +1,160 @@
+"""Checkpoint save/load through torch.distributed.checkpoint to S3, against a raw s3fs
+put/get of the same bytes on the same server, measured side by side in one run.
+
+    python -m bench.checkpoint_io [--hidden 512 --layers 4 --repeats 3]
+
+Starts a moto S3 server on loopback (a real S3 HTTP API). The checkpoint is the real one:
+two FSDP2 gloo ranks of TrainerRank (model, AdamW state, scheduler, RNG) writing shards
+with FsspecWriter. The raw baseline uploads/downloads the very files DCP wrote, with one
+s3fs `put`/`get` call (s3fs runs the transfers concurrently).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ADDR = "127.0.0.1"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind((ADDR, 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, model_dir: str, uri: str, repeats: int, out: str) -> None:
+    from infra.config import RunConfig
+    from infra.trainer.rank import TrainerRank
+
+    torch.set_num_threads(1)
+    trainer = TrainerRank(RunConfig(), rank, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    # one optimizer step so AdamW has its moments (the checkpoint's bulk)
+    for p in trainer.model.parameters():
+        p.grad = torch.zeros_like(p)
+    trainer.optimizer.step()
+    saves, loads = [], []
+    for i in range(repeats):
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(f"{uri}/ckpt{i}", {})
+        torch.distributed.barrier()
+        saves.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        trainer.load_checkpoint(f"{uri}/ckpt{i}", {})
+        torch.distributed.barrier()
+        loads.append(time.perf_counter() - t0)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"save": saves, "load": loads}))
+    trainer.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import s3fs
+
+    from infra.config import TinyModelConfig
+    from infra.model.tiny import build_tiny_model
+
+    port = _port()
+    moto = subprocess.Popen(
+        [
+            shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server"),
+            "-H",
+            ADDR,
+            "-p",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://{ADDR}:{port}",
+    )
+    try:
+        fs = s3fs.S3FileSystem()
+        for _ in range(100):
+            try:
+                fs.mkdir("bench")
+                break
+            except Exception:  # noqa: BLE001 - server still starting
+                time.sleep(0.1)
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = TinyModelConfig(
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                intermediate_size=4 * args.hidden,
+                num_heads=8,
+            )
+            model_dir = build_tiny_model(Path(tmp) / "model", shape)
+            out = Path(tmp) / "dcp.json"
+            mp.start_processes(
+                _rank,
+                args=(_port(), str(model_dir), "s3://bench/dcp", args.repeats, str(out)),
+                nprocs=2,
+                join=True,
+            )
+            dcp = json.loads(out.read_text())
+            local = Path(tmp) / "files"
+            fs.invalidate_cache()
+            fs.get("bench/dcp/ckpt0/", str(local) + "/", recursive=True)
+            nbytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+            puts, gets = [], []
+            for i in range(args.repeats):
+                t0 = time.perf_counter()
+                fs.put(str(local) + "/", f"bench/raw{i}/", recursive=True)
+                puts.append(time.perf_counter() - t0)
+                back = Path(tmp) / f"back{i}"
+                fs.invalidate_cache()
+                t0 = time.perf_counter()
+                fs.get(f"bench/raw{i}/", str(back) + "/", recursive=True)
+                gets.append(time.perf_counter() - t0)
+    finally:
+        moto.terminate()
+        moto.wait()
+
+    best = {
+        k: min(v)
+        for k, v in {
+            "dcp_save": dcp["save"],
+            "dcp_load": dcp["load"],
+            "raw_put": puts,
+            "raw_get": gets,
+        }.items()
+    }
+    mib = nbytes / 2**20
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    print(
+        f"checkpoint: {mib:.1f} MiB (model + AdamW + scheduler + RNG), 2 FSDP2 ranks, best of {args.repeats}"
+    )
+    for k, v in best.items():
+        print(f"  {k:9s} {v:7.3f} s  {mib / v:8.1f} MiB/s")
+    print(f"save throughput vs raw put: {best['raw_put'] / best['dcp_save']:.2f}x")
+    print(f"load throughput vs raw get: {best['raw_get'] / best['dcp_load']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
