@@ -220,6 +220,12 @@ class RunConfig(_Section):
         description="`async`: generate k+1 while training k (one step off-policy). `sync`: no overlap.",
     )
     num_rollout: int = Field(40, ge=1, description="Iterations (rollout, train, sync) to run in total.")
+    iterations_per_run: int | None = Field(
+        None,
+        ge=1,
+        description="Stop this flow run after N iterations (checkpointed); with checkpoint.resume=auto the next "
+        "run continues (a nightly schedule). Empty: run to num_rollout.",
+    )
     update_weights_interval: int = Field(
         1, ge=1, description="Push trainer weights to the engines every N iterations."
     )

@@ -24,9 +24,13 @@ class LoopSchedule:
     ends_epoch: Callable[[int], bool]
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, ends_epoch: Callable[[int], bool]) -> LoopSchedule:
+    def from_config(cls, cfg: RunConfig, ends_epoch: Callable[[int], bool], start: int = 0) -> LoopSchedule:
+        """The schedule of one flow run starting at `start`; it stops early at iterations_per_run."""
+        stop = cfg.num_rollout
+        if cfg.iterations_per_run:
+            stop = min(stop, start + cfg.iterations_per_run)
         return cls(
-            num_rollout=cfg.num_rollout,
+            num_rollout=stop,
             update_weights_interval=cfg.update_weights_interval,
             save_interval=cfg.checkpoint.save_interval,
             eval_interval=cfg.eval.interval,

@@ -7,13 +7,13 @@ exit stops the engine servers, kills the actors and removes the placement groups
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import ray
 
 from infra.cluster.placement import plan_placement
 from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups, warm_workers
-from infra.config import RunConfig
+from infra.config import RoleResources, RunConfig
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
 from infra.rollout.engine_actor import EngineActor
@@ -64,26 +64,12 @@ class RLSystem:
         log.info("model: %s; run folder: %s", model_uri, store.run_uri)
         self.groups = create_placement_groups(layout)
 
-        eng, tr = cfg.cluster.engines, cfg.cluster.trainer
-        engine_cls = ray.remote(EngineActor)
-        for i in range(eng.num_workers):
-            actor = engine_cls.options(
-                num_cpus=eng.cpus_per_worker,
-                num_gpus=eng.gpus_per_worker,
-                scheduling_strategy=in_bundle(self.groups["engines"], i),
-            ).remote(cfg, i, local)
-            self.engines.append(actor)
+        self.engines = self._place(EngineActor, "engines", cfg.cluster.engines, lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
         log.info("engines up: %s", urls)
 
-        trainer_cls = ray.remote(TrainerRank)
-        for rank in range(tr.num_workers):
-            actor = trainer_cls.options(
-                num_cpus=tr.cpus_per_worker,
-                num_gpus=tr.gpus_per_worker,
-                scheduling_strategy=in_bundle(self.groups["trainer"], rank),
-            ).remote(cfg, rank, tr.num_workers)
-            self.trainers.append(actor)
+        ranks = cfg.cluster.trainer.num_workers
+        self.trainers = self._place(TrainerRank, "trainer", cfg.cluster.trainer, lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
 
@@ -104,6 +90,18 @@ class RLSystem:
             run_uri=store.run_uri,
             model_uri=model_uri,
         )
+
+    def _place(self, cls: type, role: str, res: RoleResources, args: Callable[[int], tuple]) -> list:
+        """One actor per bundle of the role's placement group."""
+        remote = ray.remote(cls)
+        return [
+            remote.options(
+                num_cpus=res.cpus_per_worker,
+                num_gpus=res.gpus_per_worker,
+                scheduling_strategy=in_bundle(self.groups[role], i),
+            ).remote(*args(i))
+            for i in range(res.num_workers)
+        ]
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""

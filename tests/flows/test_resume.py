@@ -119,11 +119,21 @@ def test_killed_and_resumed_run_matches_straight_run(prefect_api, tmp_path, mode
         assert (wa[name] == wb[name]).all(), name
 
 
-def test_resume_refuses_a_foreign_checkpoint(prefect_api, tmp_path):
-    args = overrides(tmp_path, "foreign", "sync", 24)
-    cfg = config(args, num_rollout="1")
-    assert train(cfg, return_state=True).is_completed()
-    other = config(args, **{"checkpoint.resume": "auto", "algorithm.lr": "0.1"})
+def test_nightly_runs_continue_and_a_foreign_checkpoint_is_refused(prefect_api, tmp_path):
+    # what the nightly deployment does: a fixed run name, resume=auto, a slice per run
+    args = overrides(tmp_path, "nightly", "sync", 24) + [
+        "num_rollout=2",
+        "iterations_per_run=1",
+        "checkpoint.resume=auto",
+    ]
+    for _ in range(2):
+        assert train(config(args), return_state=True).is_completed()
+    store = RunStore(config(args).storage, "nightly")
+    assert [r["rollout_id"] for r in read_metrics(store)] == [0, 1]
+    assert store.exists("checkpoints/iter_0000000/COMMITTED")  # the first night's stop
+    assert store.exists("checkpoints/iter_0000001/COMMITTED")
+
+    other = config(args, **{"algorithm.lr": "0.1"})
     state = train(other, return_state=True)
     assert state.is_failed()
     assert "another model/data/rollout/algorithm" in str(state.result(raise_on_failure=False))

@@ -34,3 +34,12 @@ def test_next_and_hf_export():
     assert [s.has_next(k) for k in range(5)] == [True, True, True, True, False]
     assert fired(s.export_hf_after, 5) == [1, 3, 4]
     assert all(s.actor_trains(k) for k in range(5))
+
+
+def test_iterations_per_run_stops_early_and_checkpoints():
+    cfg = RunConfig(num_rollout=10, iterations_per_run=3, checkpoint={"save_interval": None})
+    s = LoopSchedule.from_config(cfg, lambda k: False, start=6)
+    assert s.num_rollout == 9 and s.is_last(8) and not s.has_next(8)
+    assert fired(s.save_after, 9) == [8]  # the stop is checkpointed for the next run
+    tail = LoopSchedule.from_config(cfg, lambda k: False, start=8)
+    assert tail.num_rollout == 10  # never past num_rollout
