@@ -1,0 +1,102 @@
+"""The rollout manager without Ray: two real engine servers, prompts, rewards, advantages,
+parquet output, determinism and per-sample reward failures."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from infra.cluster.network import free_port
+from infra.config import RunConfig, TinyModelConfig
+from infra.model.tiny import build_tiny_model
+from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.rollout.manager import RolloutManager
+from infra.storage.fs import RunStore
+
+
+def flaky_reward(prompt: str, response: str, label: str, **kw) -> float:
+    if int(prompt[0]) % 2 == 0:
+        raise RuntimeError("grader crashed")
+    return float(response.strip() == label)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    model = build_tiny_model(tmp_path_factory.mktemp("model"), TinyModelConfig())
+    procs, urls = [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            procs.append(launch_engine("torch", str(model), "127.0.0.1", port, seed=i, threads=1))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(urls, procs, strict=True):
+            wait_until_healthy(url, proc, 60)
+        yield str(model), urls
+    finally:
+        for proc in procs:
+            stop_engine(proc)
+
+
+def manager(engines, tmp_path, **over) -> RolloutManager:
+    model, urls = engines
+    tree = {
+        "rollout": {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 3}},
+        "storage": {"uri": str(tmp_path)},
+        "data": {"reward": f"{__name__}:flaky_reward"},
+        "eval": {"num_prompts": 5, "n_samples": 4, "pass_k": [1, 4]},
+        "cluster": {"engines": {"num_workers": 2}},
+    }
+    tree.update(over)
+    return RolloutManager(RunConfig.model_validate(tree), urls, model)
+
+
+def test_generate_scores_groups_and_writes_parquet(engines, tmp_path):
+    m = manager(engines, tmp_path)
+    summary = m.generate(0)
+    batch = m.get_batch(0)
+    assert summary["num_samples"] == len(batch) == 24
+    groups = [s.group for s in batch.samples]
+    assert groups == sorted(groups) and set(groups) == set(range(6))  # both engines' halves, in order
+    for s in batch.samples:
+        assert len(s.response_ids) == len(s.engine_logprobs) >= 1
+        assert s.weight_version == 0
+    # a raising reward fails only its own samples, with reward 0, and is counted
+    failed = [s for s in batch.samples if s.status == "failed"]
+    assert failed and all(
+        int(s.prompt[0]) % 2 == 0 and s.reward == 0.0 and "grader" in s.error for s in failed
+    )
+    assert summary["reward_failures"] == len(failed)
+    # GRPO: advantages are centred within each prompt group
+    for g in range(6):
+        adv = [s.advantage for s in batch.samples if s.group == g]
+        assert abs(sum(adv)) < 1e-6
+    frame = pd.read_parquet(RunStore(m.cfg.storage, m.cfg.run_name).uri("rollouts", "0000000.parquet"))
+    assert len(frame) == 24 and set(frame["status"]) <= {"completed", "truncated", "failed"}
+    # idempotent: a retried generate returns the same batch without sampling again
+    assert m.generate(0) is summary
+
+
+def test_rollouts_are_deterministic_per_rollout_id(engines, tmp_path):
+    a = manager(engines, tmp_path / "a")
+    b = manager(engines, tmp_path / "b")
+    a.generate(3)
+    b.generate(3)
+    assert [s.response_ids for s in a.get_batch(3).samples] == [
+        s.response_ids for s in b.get_batch(3).samples
+    ]
+    a.generate(4)
+    assert [s.prompt for s in a.get_batch(4).samples] != [s.prompt for s in a.get_batch(3).samples]
+    a.release(3)
+    assert not a.has_batch(3)
+
+
+def test_evaluate_reports_pass_at_k(engines, tmp_path):
+    result = manager(engines, tmp_path, data={"reward": "exact_match"}).evaluate(0)
+    assert result["eval_num_samples"] == 5 * 4
+    assert 0.0 <= result["eval_pass@1"] <= result["eval_pass@4"] <= 1.0
+    assert result["examples"] and {"prompt", "response", "label", "reward"} <= set(result["examples"][0])
+
+
+def test_multi_token_stop_is_refused(engines, tmp_path):
+    with pytest.raises(ValueError, match="rollout.sampling.stop"):
+        manager(engines, tmp_path, rollout={"sampling": {"stop": ["END"]}})
