@@ -7,6 +7,7 @@ itself and the flow connects (and disconnects) through infra.system.RLSystem.
 
 from __future__ import annotations
 
+from prefect.logging.handlers import APILogHandler
 from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 
@@ -21,3 +22,16 @@ class ConnectedRayTaskRunner(RayTaskRunner):
 
     def duplicate(self) -> ConnectedRayTaskRunner:
         return type(self)()
+
+    @staticmethod
+    def _run_prefect_task(*upstream_ray_obj_refs, **kwargs):
+        """prefect-ray's task body, then the task run's logs sent before the result returns.
+
+        A Ray worker sends logs to the API from a background batch every few seconds; the
+        workers are killed at ray.shutdown, so without this a run's last task logs (and a
+        fast task's all) could be lost and the task run page would show none.
+        """
+        try:
+            return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, **kwargs)
+        finally:
+            APILogHandler().flush()

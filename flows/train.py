@@ -17,7 +17,9 @@ import time
 from prefect import flow, get_run_logger
 from prefect_ray.context import remote_options
 
+from flows.artifacts import RunArtifacts
 from flows.prefect_api import ensure_api_server, worker_env
+from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner
 from infra.config import RunConfig
 from infra.config_files import load_config
@@ -42,45 +44,54 @@ WORKER_IMPORTS = [
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
+    # task results go to the run's own storage (a block the code creates, not a person)
+    generate_, train_, save_, sync_, eval_ = persisted(config, generate, train_step, save, sync, evaluate)
     with (
-        RLSystem(config, worker_env(), warm_imports=["prefect", "tasks.train"]) as run,
+        RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS) as run,
         remote_options(num_cpus=0),
     ):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
-        schedule = LoopSchedule.from_config(config, run.ends_epoch)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
+        schedule = LoopSchedule.from_config(config, run.ends_epoch, start)
         log.info(
-            "run %s: iterations %d..%d, mode %s", config.run_name, start, config.num_rollout - 1, config.mode
+            "run %s: iterations %d..%d, mode %s",
+            config.run_name,
+            start,
+            schedule.num_rollout - 1,
+            config.mode,
         )
-        sync.submit(run, start).result()
+        report = RunArtifacts(config, start, schedule.num_rollout)
+        sync_.submit(run, start).result()
 
         ahead = config.mode == "async"
-        future, ready, last = generate.submit(run, start), None, []
+        future, ready, last = generate_.submit(run, start), None, []
         row: dict = {}
-        for k in range(start, config.num_rollout):
+        for k in range(start, schedule.num_rollout):
             t0 = time.monotonic()
             if future is None and ready is None:
-                future = generate.submit(run, k, wait_for=last)
+                future = generate_.submit(run, k, wait_for=last)
             if future is not None:
                 ready, last, future = future.result(), [future], None
             rollout, ready = ready, None
             if ahead and schedule.has_next(k):
-                future = generate.submit(run, k + 1, wait_for=last)
+                future = generate_.submit(run, k + 1, wait_for=last)
 
-            row = {**rollout, **train_step.submit(run, k).result()}
-            if schedule.save_after(k):
-                if future is not None:  # the batch generated ahead is part of the checkpoint
-                    ready, last, future = future.result(), [future], None
-                row.update(save.submit(run, k, schedule.export_hf_after(k)).result())
+            row = {**rollout, **train_.submit(run, k).result()}
             if schedule.sync_after(k):
                 if future is not None:  # no generation may be in flight while weights change
                     ready, last, future = future.result(), [future], None
-                row.update(sync.submit(run, k + 1).result())
+                row.update(sync_.submit(run, k + 1).result())
             if schedule.eval_after(k):
-                result = evaluate.submit(run, k).result()
+                result = eval_.submit(run, k).result()
+                report.evaluated(k, result)
                 row.update({key: v for key, v in result.items() if key != "examples"})
             row["time_iteration_s"] = time.monotonic() - t0
-            run.record(row)
+            run.record(row)  # before the checkpoint: a resumed run never lacks this row
+            if schedule.save_after(k):
+                if future is not None:  # the batch generated ahead is part of the checkpoint
+                    ready, last, future = future.result(), [future], None
+                report.saved(save_.submit(run, k, schedule.export_hf_after(k)).result())
+            report.iteration_done(k)
             log.info(
                 "iter %04d | reward %.3f | generate %.2fs train %.2fs sync %.2fs | weight version %d",
                 k,
@@ -91,6 +102,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
                 row["weight_version"],
             )
         outputs = run.outputs()
+    report.finish(outputs)  # table, reward curve, links: after Ray is down
     for name, uri in outputs.items():
         log.info("%s: %s", name, uri)
     return {"final": row, **outputs}

@@ -85,6 +85,7 @@ def test_async_flow_overlaps_and_keeps_engines_in_sync(prefect_api, tmp_path):
         assert (frame["response_ids"].map(len) == frame["engine_logprobs"].map(len)).all()
 
     assert store.exists("checkpoints/iter_0000003/COMMITTED")
+    assert store.ls("prefect-results")  # task results persisted beside the run
     assert not ray.is_initialized()
     assert engine_server_pids() == []
 
