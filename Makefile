@@ -19,7 +19,14 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m flows.train $(ARGS)
 
-test: $(STAMP)
+# The UI test drives Debian's Chromium headless (Playwright uses it by path; no browser
+# download). Installed once, as root or through sudo.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from infra.handles import RunHandles
+from tasks.options import RETRIED
 
 
 # Idempotent: prompts and sampling seeds are pure functions of rollout_id.
-@task(
-    name="generate",
-    task_run_name="generate-{rollout_id:04d}",
-    retries=2,
-    retry_delay_seconds=2,
-    cache_policy=NO_CACHE,
-)
+@task(name="generate", task_run_name="generate-{rollout_id:04d}", **RETRIED)
 def generate(run: RunHandles, rollout_id: int) -> dict:
     summary = run.generate(rollout_id)
     get_run_logger().info(

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from infra.handles import RunHandles
+from tasks.options import RETRIED
 
 
 # Idempotent: sending the same weights with the same version twice changes nothing.
-@task(
-    name="sync",
-    task_run_name="sync-{weight_version:04d}",
-    retries=2,
-    retry_delay_seconds=2,
-    cache_policy=NO_CACHE,
-)
+@task(name="sync", task_run_name="sync-{weight_version:04d}", **RETRIED)
 def sync(run: RunHandles, weight_version: int) -> dict:
     result = run.sync(weight_version)
     checked = f", {result['weights_checked']} tensors equal" if "weights_checked" in result else ""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from infra.handles import RunHandles
+from tasks.options import RUN_ALWAYS
 
 
 # No retries: an optimizer step is not idempotent.
-@task(name="train", task_run_name="train-{rollout_id:04d}", cache_policy=NO_CACHE)
+@task(name="train", task_run_name="train-{rollout_id:04d}", **RUN_ALWAYS)
 def train(run: RunHandles, rollout_id: int) -> dict:
     metrics = run.train(rollout_id)
     get_run_logger().info(
