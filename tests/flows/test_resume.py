@@ -4,6 +4,7 @@ Sync mode resumes at an epoch boundary (an epoch is 3 iterations here); async mo
 resumes mid-epoch, with the batch that was generated ahead taken from its parquet.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -58,24 +59,32 @@ def config(args: list[str], **extra: str) -> RunConfig:
     return load_config(None, args + [f"{k}={v}" for k, v in extra.items()])
 
 
-def run_and_kill_after(args: list[str], store: RunStore, rollout_id: int) -> None:
+def run_and_kill_after(args: list[str], store: RunStore, rollout_id: int, api_url: str, log: Path) -> None:
     """Run the flow CLI and SIGKILL its whole process tree once checkpoint `rollout_id` is committed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.train", *args],
-        cwd=REPO,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # the test's own API: the CLI would otherwise start a server on the user's Prefect home
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.train", *args],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     marker = f"checkpoints/iter_{rollout_id:07d}/COMMITTED"
     deadline = time.monotonic() + 300
     try:
         while not store.exists(marker):
-            assert proc.poll() is None, f"flow exited ({proc.returncode}) before checkpoint {rollout_id}"
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"flow exited ({proc.returncode}) before checkpoint {rollout_id}:\n{log.read_text()[-3000:]}"
+                )
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # already gone if it failed
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -99,7 +108,7 @@ def test_killed_and_resumed_run_matches_straight_run(prefect_api, tmp_path, mode
 
     args = overrides(tmp_path, "resumed", mode, num_prompts)
     resumed = RunStore(straight_cfg.storage, "resumed")
-    run_and_kill_after(args, resumed, rollout_id=2)
+    run_and_kill_after(args, resumed, 2, prefect_api, tmp_path / "killed-run.log")
     # no orphan engine may outlive the killed flow (they die with their Ray actor)
     deadline = time.monotonic() + 30
     while engine_server_pids() and time.monotonic() < deadline:
