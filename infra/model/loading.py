@@ -11,6 +11,7 @@ from pathlib import Path
 import fsspec
 
 from infra.config import ModelConfig
+from infra.storage.fs import is_local
 
 BUILTIN_TINY = "builtin:tiny-llama"
 _COMPLETE = ".complete"
@@ -43,7 +44,7 @@ def localize(uri: str, storage_options: dict, cache_root: str | None = None) -> 
     fs, path = fsspec.core.url_to_fs(uri, **storage_options)
     if not fs.exists(f"{path}/config.json"):
         raise FileNotFoundError(f"model.path: no HF model directory (config.json) at {uri}")
-    if fs.protocol in ("file", "local") or "file" in fs.protocol:
+    if is_local(uri):
         return os.path.abspath(path)
     root = Path(cache_root or os.environ.get("PRL_CACHE_DIR", Path.home() / ".cache" / "prefect-rl"))
     local = root / "models" / hashlib.sha1(uri.encode()).hexdigest()[:16]

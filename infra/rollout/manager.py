@@ -19,7 +19,7 @@ from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
 from infra.rollout.scoring import pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
-from infra.storage.rollouts import read_rollout, write_rollout
+from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
 
 def _plain(value):
@@ -164,7 +164,12 @@ class RolloutManager:
                 Sample(**{k: _plain(v) for k, v in row.items() if k in fields})
                 for row in frame.to_dict("records")
             ]
-            self._keep(RolloutBatch(prefetched_rollout, samples), 0.0, 0.0, self.store.uri("rollouts"))
+            self._keep(
+                RolloutBatch(prefetched_rollout, samples),
+                0.0,
+                0.0,
+                self.store.uri(rollout_rel(prefetched_rollout)),
+            )
 
     def get_batch(self, rollout_id: int) -> RolloutBatch:
         with self._lock:
