@@ -2,7 +2,7 @@
 deployment run of tiny-demo, then headless Chromium on the flow-run page.
 
 Screenshots go to docs/ (the README shows them). Needs Debian's chromium
-(/usr/bin/chromium; .ci/run installs it) and the `playwright` package (no browser download:
+(/usr/bin/chromium; `make test` installs it) and the `playwright` package (no browser download:
 Playwright drives the system Chromium through its executable path)."""
 
 from __future__ import annotations
