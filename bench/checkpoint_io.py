@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,13 +25,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from infra.cluster.network import free_port
+
 ADDR = "127.0.0.1"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind((ADDR, 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, model_dir: str, uri: str, repeats: int, out: str) -> None:
@@ -74,7 +69,7 @@ def main() -> None:
     from infra.config import TinyModelConfig
     from infra.model.tiny import build_tiny_model
 
-    port = _port()
+    port = free_port()
     moto = subprocess.Popen(
         [
             shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server"),
@@ -111,7 +106,7 @@ def main() -> None:
             out = Path(tmp) / "dcp.json"
             mp.start_processes(
                 _rank,
-                args=(_port(), str(model_dir), "s3://bench/dcp", args.repeats, str(out)),
+                args=(free_port(), str(model_dir), "s3://bench/dcp", args.repeats, str(out)),
                 nprocs=2,
                 join=True,
             )

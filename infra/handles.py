@@ -109,13 +109,13 @@ class RunHandles:
             uri = ckpts.uri(latest)
         else:
             uri = spec.rstrip("/")
-        meta = read_committed_meta(uri, storage_options(self.cfg.storage))
+        opts = storage_options(self.cfg.storage)
+        meta = read_committed_meta(uri, opts)
         if meta["config_hash"] != config_hash(self.cfg):
             raise ValueError(
                 f"checkpoint.resume: {uri} was written by a run with another model/data/rollout/algorithm "
                 "config; start a new run_name or resume=never"
             )
-        opts = storage_options(self.cfg.storage)
         ray.get([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers])
         nxt = meta["next_rollout_id"]
         ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))

@@ -4,7 +4,6 @@ bucket per test, and `storage_uri` that runs a storage test on a local folder an
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from infra.cluster.network import free_port
 
 
 def _moto_server_executable() -> str:
@@ -46,7 +41,7 @@ def _wait_until_up(endpoint: str, proc: subprocess.Popen, timeout_s: float = 30.
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[str]:
     """Endpoint of a moto S3 server for the session, with the AWS_* env pointing at it."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [_moto_server_executable(), "-H", "127.0.0.1", "-p", str(port)],

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra.cluster.network import free_port
+
 pytestmark = pytest.mark.ui
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,12 +29,6 @@ DOCS = ROOT / "docs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 PREFECT = [sys.executable, "-m", "prefect"]
 RUN_TIMEOUT_S = 360
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stack:
@@ -96,7 +91,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path):
-    stack = Stack(tmp_path, _free_port())
+    stack = Stack(tmp_path, free_port())
     server = stack.start("server", "server", "start", "--host", "127.0.0.1", "--port", str(stack.port))
     deadline = time.monotonic() + 90
     while True:
