@@ -114,6 +114,24 @@ class EngineClient:
         """The parameter flattened; the whole tensor unless `truncate_size` is given."""
         return self._call("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
 
+    def begin_weight_update(self) -> None:
+        """Open an update session (SGLang >= 0.5.23 refuses updates outside one)."""
+        self._call("POST", "/begin_weight_update", {})
+
+    def end_weight_update(self) -> None:
+        self._call("POST", "/end_weight_update", {})
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Colocated mode: free the engine's weights/KV memory while the trainer runs."""
+        self._call("POST", "/release_memory_occupation", {"tags": tags})
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self._call("POST", "/resume_memory_occupation", {"tags": tags})
+
+    def model_info(self) -> dict:
+        """`/model_info`: model path, weight version (SGLang has no /get_weight_version route)."""
+        return self._call("GET", "/model_info")
+
     def flush_cache(self) -> None:
         self._call("POST", "/flush_cache")
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
-from infra.weights.group import broadcast, open_update_group
+from infra.weights.group import broadcast, close_update_group, open_update_group
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -93,12 +93,13 @@ class EngineState:
         if name in self.groups:
             raise BadRequest(f"group_name: weight-update group {name!r} already exists")
         # Blocks until every rank (trainer rank 0 included) has joined.
-        self.groups[name] = (open_update_group(address, port, rank, world_size, backend=backend), backend)
+        group = open_update_group(address, port, rank, world_size, group_name=name, backend=backend)
+        self.groups[name] = (group, backend)
 
     def close_group(self, name: str) -> None:
         group, _ = self._group(name)
         del self.groups[name]
-        group.shutdown()
+        close_update_group(group)
 
     def _group(self, name: str) -> tuple[torch.distributed.ProcessGroup, str]:
         if name not in self.groups:

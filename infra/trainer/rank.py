@@ -124,7 +124,7 @@ class TrainerRank:
                 pool.submit(c.init_weights_update_group, addr, port, 1 + i, size, group_name, backend)
                 for i, c in enumerate(clients)
             ]
-            self._group = open_update_group(addr, port, 0, size, backend=backend)
+            self._group = open_update_group(addr, port, 0, size, group_name=group_name, backend=backend)
             for join in joins:
                 join.result()
         self._clients, self._group_name = clients, group_name

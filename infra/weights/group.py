@@ -1,10 +1,18 @@
-"""The weight-update process group between trainer rank 0 and the rollout engines.
+"""The weight-update process group between trainer rank 0 and the rollout engines' ranks.
 
-It is built directly from a TCPStore rather than with `init_process_group`, so it lives
-beside whatever default world a process already has: the trainer ranks keep their own
-gloo/nccl default group, and an engine process (outside that world) needs none. SGLang's
-`init_weights_update_group` builds the same thing with nccl on GPUs; this module builds it
-with gloo on CPUs and with nccl where asked (GPU only).
+SGLang's engines join it with their own `init_custom_process_group`, which keys every
+store entry in a particular way: a `tcp://` rendezvous gives a TCPStore, that store is
+wrapped in `PrefixStore(group_name, ...)`, and torch's `_new_process_group_helper` adds
+its own `"{group_name}/"` and backend prefixes on top. A group built any other way (a raw
+TCPStore handed to `ProcessGroupGloo`, say) waits on different keys and never meets the
+engines. So this module builds the group by exactly that recipe, on both sides: the
+trainer here, and the built-in engine server too, so the CPU suite exercises the layout
+the GPUs use. The conformance tests (`pytest -m sglang`) hold it against SGLang's own
+function.
+
+The group lives beside whatever default world a process already has (the trainer ranks
+keep their FSDP group; an engine process needs none). Ranks: the trainer is 0; an engine
+with tensor parallelism tp takes `rank_offset + tp_rank`, tp ranks in all.
 """
 
 from __future__ import annotations
@@ -13,6 +21,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import (
+    Backend,
+    PrefixStore,
+    _new_process_group_helper,
+    _world,
+    rendezvous,
+)
 
 
 def open_update_group(
@@ -20,6 +35,7 @@ def open_update_group(
     master_port: int,
     rank: int,
     world_size: int,
+    group_name: str = "weight_update_group",
     timeout_s: float = 300,
     backend: str = "gloo",
 ) -> dist.ProcessGroup:
@@ -29,15 +45,38 @@ def open_update_group(
     if backend == "nccl" and not dist.is_nccl_available():
         # checked before the store exists, so the other ranks time out instead of joining
         raise RuntimeError("backend: nccl is not available in this torch build (CPU only); use gloo")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: {rank} is outside the group of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    # GPU-only path: CPU builds of torch have no ProcessGroupNCCL, so it cannot run on CI
-    # machines; on GPUs it is the group SGLang's engines join.
-    nccl_options = dist.ProcessGroupNCCL.Options()
-    nccl_options._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, world_size, nccl_options)
+    # rendezvous yields (store, rank, world_size) once; the TCPStore is hosted by rank 0
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    prefixed = PrefixStore(group_name, store)
+    group, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        prefixed,
+        group_name=group_name,
+        backend_options=None,
+        timeout=timeout,
+    )
+    # identity rank map, as SGLang registers it: torch.distributed's collectives on this
+    # group then translate ranks without a default world
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def close_update_group(group: dist.ProcessGroup) -> None:
+    """Tear the group down and forget it (a later group of the same name starts clean)."""
+    try:
+        dist.destroy_process_group(group)
+    except (ValueError, RuntimeError, KeyError):
+        # not registered as a torch.distributed group (or already gone): shut the backend
+        group.shutdown()
 
 
 def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None:

@@ -220,15 +220,15 @@ class _QueueEngine:
     def init_weights_update_group(
         self, master_address, master_port, rank_offset, world_size, group_name, backend
     ):
-        self.queue.put(("init", master_address, master_port, rank_offset, world_size, backend))
+        self.queue.put(("init", master_address, master_port, rank_offset, world_size, group_name, backend))
 
     def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache, weight_version):
         self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version))
 
 
 def _receiver(queue, out: str) -> None:
-    _, addr, port, rank, world_size, backend = queue.get(timeout=120)
-    group = open_update_group(addr, port, rank, world_size, backend=backend)
+    _, addr, port, rank, world_size, group_name, backend = queue.get(timeout=120)
+    group = open_update_group(addr, port, rank, world_size, group_name=group_name, backend=backend)
     received, requests = {}, []
     while (msg := queue.get(timeout=120))[0] == "update":
         _, names, dtypes, shapes, flush_cache, version = msg

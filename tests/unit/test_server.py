@@ -124,7 +124,9 @@ def test_weight_update_over_group(client):
     port, group_name = free_port(), "test-group"
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(client.init_weights_update_group, "127.0.0.1", port, 1, 2, group_name)
-        group = open_update_group("127.0.0.1", port, rank=0, world_size=2, timeout_s=60)
+        group = open_update_group(
+            "127.0.0.1", port, rank=0, world_size=2, group_name=group_name, timeout_s=60
+        )
         joined.result(timeout=60)
 
         shapes = [list(torch.Size(s)) for s in ([64, 256], [64])]
