@@ -85,6 +85,12 @@ class RolloutConfig(_Section):
     engine: Literal["torch", "sglang"] = Field(
         "torch", description="`torch`: the built-in CPU/GPU server. `sglang`: SGLang servers (GPU only)."
     )
+    tp_size: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel GPUs per engine (SGLang `--tp-size`); an engine takes tp_size ranks "
+        "of the weight-update group (rank_offset + tp_rank). The built-in engine runs with 1.",
+    )
     prompts_per_rollout: int = Field(64, ge=1, description="Prompts drawn per iteration.")
     n_samples_per_prompt: int = Field(16, ge=1, description="Responses per prompt (the GRPO group size).")
     sampling: SamplingConfig = Field(
@@ -276,4 +282,14 @@ class RunConfig(_Section):
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
         if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker <= 0:
             raise ValueError("rollout.engine=sglang needs cluster.engines.gpus_per_worker >= 1")
+        tp = self.rollout.tp_size
+        if self.rollout.engine == "torch" and tp != 1:
+            raise ValueError(
+                f"rollout.tp_size={tp}: the built-in torch engine has no tensor parallelism; use 1"
+            )
+        if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker != tp:
+            raise ValueError(
+                f"cluster.engines.gpus_per_worker={self.cluster.engines.gpus_per_worker} must equal "
+                f"rollout.tp_size={tp}: one engine process spans its tensor-parallel GPUs"
+            )
         return self
