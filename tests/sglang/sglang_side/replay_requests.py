@@ -105,7 +105,9 @@ def main() -> None:
     http_server.set_global_state(
         http_server._GlobalState(tokenizer_manager=manager, template_manager=None, scheduler_info={})
     )
-    http_server.get_serving = lambda: SimpleNamespace(tokenizer_path="/models/m", preferred_sampling_params=None)
+    http_server.get_serving = lambda: SimpleNamespace(
+        tokenizer_path="/models/m", preferred_sampling_params=None
+    )
     results = []
     client = TestClient(http_server.app)  # no lifespan: it would start the real server's machinery
     for req in requests:
