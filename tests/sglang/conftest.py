@@ -15,12 +15,6 @@ SIDE = Path(__file__).resolve().parent / "sglang_side"
 SGLANG_VERSION = "0.5.23"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
-            item.add_marker(pytest.mark.sglang)
-
-
 @pytest.fixture(scope="session")
 def sglang_python() -> str:
     """The conformance venv's python; missing, the tier fails (in CI) or is skipped (by hand)."""

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from infra.config_files import load_config
 from infra.rollout.engine import engine_command
 from tests.sglang.conftest import run_json
+
+pytestmark = pytest.mark.sglang
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,6 +14,8 @@ import pytest
 from infra.rollout.client import EngineClient
 from tests.sglang.conftest import run_json
 
+pytestmark = pytest.mark.sglang
+
 # what a real engine answers, so the client's calls complete (only the requests matter here)
 _ANSWERS = {
     "/generate": [{"text": "", "output_ids": [], "meta_info": {}}],

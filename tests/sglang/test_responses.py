@@ -20,6 +20,8 @@ from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.group import broadcast, close_update_group, open_update_group
 from tests.sglang.conftest import run_json
 
+pytestmark = pytest.mark.sglang
+
 PARAM = "model.norm.weight"
 
 

@@ -14,6 +14,8 @@ from infra.cluster.network import free_port
 from infra.weights.group import broadcast, close_update_group, open_update_group
 from tests.sglang.conftest import spawn
 
+pytestmark = pytest.mark.sglang
+
 BUCKET = [  # a real bucket: several tensors, mixed dtypes, bfloat16 among them
     ("bfloat16", [64, 32]),
     ("float32", [32]),
