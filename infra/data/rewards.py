@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from infra.data import graders
+
 RewardFn = Callable[..., float]
 
 # End-of-sequence texts a detokenized response may end with; they are not part of the answer.
@@ -65,6 +67,10 @@ REWARDS: dict[str, RewardFn] = {
     "prefix_match": prefix_match,
     "contains": contains,
     "numeric_match": numeric_match,
+    "gsm8k": graders.gsm8k,
+    "boxed_math": graders.boxed_math,
+    "normalized_exact_match": graders.normalized_exact_match,
+    "f1": graders.token_f1,
 }
 
 
