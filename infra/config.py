@@ -213,6 +213,25 @@ class EvalConfig(_Section):
         return self
 
 
+class TrackingConfig(_Section):
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that also receive every metrics row; none by default "
+        "(metrics.jsonl and the Prefect artifacts are always written).",
+    )
+    project: str | None = Field(
+        None, description="wandb project / MLflow experiment name; default: the run name."
+    )
+    dir: str | None = Field(
+        None,
+        description="Local folder for wandb files and the default MLflow store; default: "
+        "`<run>/tracking` for local runs, `./tracking` for S3 runs.",
+    )
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: MLFLOW_TRACKING_URI, else a sqlite file in `dir`."
+    )
+
+
 class RunConfig(_Section):
     """A whole training run: the loop, its parts and where its state lives."""
 
@@ -254,6 +273,9 @@ class RunConfig(_Section):
         default_factory=CheckpointConfig, description="Checkpoints and resume."
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="TensorBoard, wandb or MLflow logging of metrics."
+    )
 
     @property
     def rollout_samples(self) -> int:

@@ -4,7 +4,7 @@ loop step. Each method blocks on the actors and returns a small dict (never tens
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
@@ -13,6 +13,7 @@ from infra.rollout.client import EngineClient
 from infra.storage.checkpoints import CheckpointStore, config_hash, read_committed_meta
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
+from infra.tracking import Trackers
 
 
 @dataclass
@@ -23,6 +24,7 @@ class RunHandles:
     engine_urls: list[str]
     run_uri: str
     model_uri: str
+    trackers: Trackers | None = field(default=None, repr=False)
 
     @property
     def store(self) -> RunStore:
@@ -124,6 +126,8 @@ class RunHandles:
 
     def record(self, row: dict) -> None:
         append_metrics(self.store, row)
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def outputs(self) -> dict:
         ckpts = self._checkpoints()

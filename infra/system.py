@@ -19,6 +19,7 @@ from infra.model.loading import base_model_uri
 from infra.rollout.engine_actor import EngineActor
 from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
+from infra.tracking import Trackers
 from infra.trainer.rank import TrainerRank
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class RLSystem:
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
+        self.trackers: Trackers | None = None
 
     def __enter__(self) -> RunHandles:
         try:
@@ -82,8 +84,10 @@ class RLSystem:
             ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
+        self.trackers = Trackers(cfg, store)
         return RunHandles(
             cfg=cfg,
+            trackers=self.trackers,
             manager=manager,
             trainers=list(self.trainers),
             engine_urls=urls,
@@ -105,6 +109,12 @@ class RLSystem:
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""
+        if self.trackers is not None:
+            try:
+                self.trackers.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("tracker close failed: %s", e)
+            self.trackers = None
         for engine in self.engines:
             try:
                 ray.get(engine.stop.remote(), timeout=30)
