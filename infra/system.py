@@ -20,9 +20,9 @@ from infra.rollout.engine_actor import EngineActor
 from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
 from infra.trainer.rank import TrainerRank
+from infra.weights.transport import WeightTransport, make_transport
 
 log = logging.getLogger(__name__)
-WEIGHT_GROUP = "prl-weights"
 # Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval).
 CONTROL_WORKERS = 2
 
@@ -42,6 +42,7 @@ class RLSystem:
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
+        self.transport: WeightTransport | None = None
 
     def __enter__(self) -> RunHandles:
         try:
@@ -78,8 +79,8 @@ class RLSystem:
             ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, urls, model_uri)
         )
         self.actors.append(manager)
-        if cfg.weight_sync.method == "broadcast":
-            ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
+        self.transport = make_transport(cfg, self.trainers, self.engines, urls)
+        self.transport.open()
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
         return RunHandles(
@@ -89,6 +90,7 @@ class RLSystem:
             engine_urls=urls,
             run_uri=store.run_uri,
             model_uri=model_uri,
+            transport=self.transport,
         )
 
     def _place(self, cls: type, role: str, res: RoleResources, args: Callable[[int], tuple]) -> list:
@@ -105,6 +107,12 @@ class RLSystem:
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""
+        if self.transport is not None:
+            try:  # first, while the engines still answer: their group ends cleanly too
+                self.transport.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("weight transport close failed: %s", e)
+            self.transport = None
         for engine in self.engines:
             try:
                 ray.get(engine.stop.remote(), timeout=30)
