@@ -96,7 +96,15 @@ class RolloutConfig(_Section):
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
     )
-    seed: int = Field(1234, description="Base seed of sampling; each rollout derives its own.")
+    seed: int = Field(
+        1234,
+        ge=0,
+        lt=2**22,
+        description="Base seed of sampling. Every sample gets its own `sampling_seed` (from this seed, the "
+        "rollout id and the sample's index), never one per GRPO group. The built-in engine always honours "
+        "it, so runs repeat exactly. SGLang honours it only when launched with "
+        "`--enable-deterministic-inference` (`sglang_args`); otherwise SGLang samples at random.",
+    )
     startup_timeout_s: float = Field(120, gt=0, description="How long an engine may take to answer /health.")
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one HTTP request to an engine.")
     sglang_args: dict[str, str | int | float | bool] = Field(

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import ray
 
 from infra.config import RunConfig
-from infra.rollout.client import EngineClient
 from infra.storage.checkpoints import CheckpointStore, config_hash, read_committed_meta
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
 from infra.tracking import Trackers
+from infra.weights.transport import WeightTransport
 
 
 @dataclass
@@ -24,6 +24,7 @@ class RunHandles:
     engine_urls: list[str]
     run_uri: str
     model_uri: str
+    transport: WeightTransport
     trackers: Trackers | None = field(default=None, repr=False)
 
     @property
@@ -45,19 +46,9 @@ class RunHandles:
 
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()
-        if self.cfg.weight_sync.method == "disk":
-            # engines read the export themselves: they must share this storage (local runs)
-            path = self.store.uri("weights", f"v{weight_version:07d}")
-            ray.get([t.export_hf.remote(path, storage_options(self.cfg.storage)) for t in self.trainers])
-            for url in self.engine_urls:
-                EngineClient(url, self.cfg.rollout.request_timeout_s).update_weights_from_disk(
-                    path, str(weight_version)
-                )
-            result: dict = {}
-        else:
-            result = ray.get([t.update_weights.remote(weight_version) for t in self.trainers])[0]
+        result = self.transport.push(weight_version)
         if self.cfg.weight_sync.check_weight_update_equal:
-            checks = ray.get([t.check_weights_equal.remote(self.engine_urls) for t in self.trainers])
+            checks = ray.get([t.check_weights_equal.remote() for t in self.trainers])
             result.update(checks[0])
         result["time_sync_s"] = time.monotonic() - t0
         result["engine_weight_version"] = weight_version

@@ -21,9 +21,9 @@ from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
 from infra.tracking import Trackers
 from infra.trainer.rank import TrainerRank
+from infra.weights.transport import WeightTransport, make_transport
 
 log = logging.getLogger(__name__)
-WEIGHT_GROUP = "prl-weights"
 # Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval).
 CONTROL_WORKERS = 2
 
@@ -43,6 +43,7 @@ class RLSystem:
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
+        self.transport: WeightTransport | None = None
         self.trackers: Trackers | None = None
 
     def __enter__(self) -> RunHandles:
@@ -80,8 +81,8 @@ class RLSystem:
             ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, urls, model_uri)
         )
         self.actors.append(manager)
-        if cfg.weight_sync.method == "broadcast":
-            ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
+        self.transport = make_transport(cfg, self.trainers, self.engines, urls)
+        self.transport.open()
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
         self.trackers = Trackers(cfg, store)
@@ -93,6 +94,7 @@ class RLSystem:
             engine_urls=urls,
             run_uri=store.run_uri,
             model_uri=model_uri,
+            transport=self.transport,
         )
 
     def _place(self, cls: type, role: str, res: RoleResources, args: Callable[[int], tuple]) -> list:
@@ -109,6 +111,12 @@ class RLSystem:
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""
+        if self.transport is not None:
+            try:  # first, while the engines still answer: their group ends cleanly too
+                self.transport.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("weight transport close failed: %s", e)
+            self.transport = None
         if self.trackers is not None:
             try:
                 self.trackers.close()

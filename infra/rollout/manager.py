@@ -73,7 +73,14 @@ class RolloutManager:
 
     # -- generation ----------------------------------------------------------------------
     def _sample(self, rows: list[dict], n: int, temperature: float, seed: int, rid: str) -> list[Sample]:
-        """Send prompt groups to the engines (contiguous chunks, one request each, in parallel)."""
+        """Send prompt groups to the engines (contiguous chunks, one request each, in parallel).
+
+        Every sample is its own input with its own rid (`{rid}-{index}`), so /abort_request
+        reaches exactly that sample, and its own sampling_seed (`seed + index`), so no two
+        copies of a GRPO group share a seed (SGLang gives n>1 copies one seed, and fresh
+        random rids). Samples of one prompt are consecutive inputs: SGLang's prefix cache
+        shares their prompt.
+        """
         s = self.cfg.rollout.sampling
         params = {
             "max_new_tokens": s.max_new_tokens,
@@ -81,22 +88,24 @@ class RolloutManager:
             "top_p": s.top_p,
             "top_k": s.top_k,
             "stop_token_ids": self.stop_ids,
-            "n": n,
         }
         prompt_ids = [self.tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
-        per_engine = -(-len(rows) // len(self.engines))
-        chunks = [range(i, min(i + per_engine, len(rows))) for i in range(0, len(rows), per_engine)]
+        total = len(rows) * n
+        per_engine = -(-len(rows) // len(self.engines)) * n  # whole groups per engine
+        chunks = [range(i, min(i + per_engine, total)) for i in range(0, total, per_engine)]
 
         def run(e: int) -> list[dict]:
             idx = chunks[e]
             return self.engines[e].generate(
-                [prompt_ids[i] for i in idx], {**params, "sampling_seed": seed + e}, rid=f"{rid}-e{e}"
+                [prompt_ids[j // n] for j in idx],
+                [{**params, "sampling_seed": seed + j} for j in idx],
+                rid=[f"{rid}-{j:07d}" for j in idx],
             )
 
         with ThreadPoolExecutor(len(chunks)) as pool:
             outs = [o for chunk_outs in pool.map(run, range(len(chunks))) for o in chunk_outs]
         samples = []
-        for j, out in enumerate(outs):  # SGLang orders n>1 outputs input-major
+        for j, out in enumerate(outs):  # sample j is copy j % n of prompt j // n
             g = j // n
             meta = out["meta_info"]
             finish = (meta.get("finish_reason") or {}).get("type", "")
@@ -123,7 +132,7 @@ class RolloutManager:
                 return self._summaries[rollout_id]
         t0 = time.monotonic()
         r = self.cfg.rollout
-        seed = r.seed * 1_000_003 + rollout_id * 1009
+        seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
         samples = self._sample(
             self.source.batch(rollout_id),
             r.n_samples_per_prompt,
@@ -187,7 +196,11 @@ class RolloutManager:
         e = self.cfg.eval
         rows = self.eval_rows[: e.num_prompts]
         samples = self._sample(
-            rows, e.n_samples, e.temperature, self.cfg.rollout.seed + 7, f"eval{rollout_id}"
+            rows,
+            e.n_samples,
+            e.temperature,
+            self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20,
+            f"eval{rollout_id}",
         )
         score_samples(samples, self.reward_fn, normalize_std=False)
         result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}

@@ -52,9 +52,10 @@ def create_app(state: EngineState) -> FastAPI:
     async def generate(req: p.GenerateReq):
         if req.stream:
             raise BadRequest("stream: streaming is not supported by the built-in engine")
-        sp = req.sampling_params
         prompts, single = p.prompts_of(req, state.tokenizer, state.model.config.vocab_size)
-        rids = p.rids_of(req.rid, len(prompts))
+        sps = p.sampling_params_of(req, len(prompts))
+        sp, n = p.shared_params(sps), sps[0].n
+        rids = p.rids_of(req.rid, len(prompts), n, single)
         params = {
             "max_new_tokens": sp.max_new_tokens,
             "temperature": sp.temperature,
@@ -64,19 +65,20 @@ def create_app(state: EngineState) -> FastAPI:
             "ignore_eos": sp.ignore_eos,
         }
         # n samples of each input, input-major as SGLang orders them; all in one batch
-        expanded = [(prompt, rid) for prompt, rid in zip(prompts, rids, strict=True) for _ in range(sp.n)]
-        flag = state.register(sorted(set(rids)))
+        rows = [(prompt, isp) for prompt, isp in zip(prompts, sps, strict=True) for _ in range(n)]
+        seeds = p.seeds_of(req, sps, n)
+        flags = state.register(rids)
         try:
             await running.wait()
-            batch = [prompt for prompt, _ in expanded]
-            outs, version = await asyncio.to_thread(state.generate, batch, params, sp.sampling_seed, flag)
+            batch = [prompt for prompt, _ in rows]
+            outs, version = await asyncio.to_thread(state.generate, batch, params, seeds, flags)
         finally:
-            state.unregister(sorted(set(rids)), flag)
+            state.unregister(rids, flags)
         replies = [
-            p.reply(o, len(pr), rid, version, req, state.tokenizer)
-            for o, (pr, rid) in zip(outs, expanded, strict=True)
+            p.reply(o, len(pr), rid, version, req, isp, state.tokenizer)
+            for o, (pr, isp), rid in zip(outs, rows, rids, strict=True)
         ]
-        return replies[0] if single and sp.n == 1 else replies
+        return replies[0] if single and n == 1 else replies
 
     @app.post("/init_weights_update_group")
     async def init_group(req: p.InitGroupReq):
@@ -90,6 +92,19 @@ def create_app(state: EngineState) -> FastAPI:
         )
         await asyncio.to_thread(state.open_group, *args)
         return {"success": True, "message": f"joined group {req.group_name!r} as rank {req.rank_offset}"}
+
+    if state.session:
+        # SGLang >= 0.5.23: distributed updates only between these two calls. Without the
+        # switch the routes do not exist (404), as on SGLang 0.5.16.
+        @app.post("/begin_weight_update")
+        async def begin_update(req: p.BeginWeightUpdateReq):
+            error = state.begin_update()
+            return _fail(error) if error else {"success": True, "message": "Success"}
+
+        @app.post("/end_weight_update")
+        async def end_update(req: p.EndWeightUpdateReq):
+            error = state.end_update()
+            return _fail(error) if error else {"success": True, "message": "Success"}
 
     @app.post("/update_weights_from_distributed")
     async def update_distributed(req: p.UpdateFromDistributedReq):
@@ -136,7 +151,7 @@ def create_app(state: EngineState) -> FastAPI:
     async def health_generate():
         prompt = [state.tokenizer.bos_token_id or 0]
         # its own seed, so health probes do not shift the server's sampling stream
-        await asyncio.to_thread(state.generate, [prompt], {"max_new_tokens": 1}, 0, threading.Event())
+        await asyncio.to_thread(state.generate, [prompt], {"max_new_tokens": 1}, 0, [threading.Event()])
         return {"status": "ok"}
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
@@ -149,13 +164,23 @@ def create_app(state: EngineState) -> FastAPI:
             raise BadRequest(p.validation_message(exc)) from exc
         return await asyncio.to_thread(state.weights_by_name, req.name, req.truncate_size)
 
-    @app.get("/get_model_info")
+    @app.get("/model_info")
     async def model_info():
-        return {"model_path": state.model_path, "is_generation": True, "weight_version": state.weight_version}
+        return state.model_info()
 
-    @app.get("/get_weight_version")
-    async def weight_version():
-        return {"weight_version": state.weight_version}
+    @app.get("/get_model_info")  # SGLang's deprecated alias
+    async def get_model_info():
+        return state.model_info()
+
+    @app.get("/server_info")
+    async def server_info():
+        # the launch arguments the clients read, with SGLang's names; dtype is resolved
+        return {
+            "model_path": state.model_path,
+            "dtype": str(next(state.model.parameters()).dtype).removeprefix("torch."),
+            "tp_size": 1,
+            "version": "builtin",
+        }
 
     return app
 
@@ -170,9 +195,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--weight-version", default="0")
+    parser.add_argument(
+        "--weight-update-session",
+        choices=["on", "off"],
+        default="on",
+        help="on: speak SGLang >= 0.5.23 (distributed updates only inside /begin_weight_update "
+        "... /end_weight_update); off: speak SGLang 0.5.16 (no such routes)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    app = create_app(EngineState(args.model_path, args.seed, args.weight_version))
+    state = EngineState(args.model_path, args.seed, args.weight_version, args.weight_update_session == "on")
+    app = create_app(state)
     # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
 
