@@ -41,6 +41,16 @@ class RunHandles:
         self.manager.release.remote(rollout_id)
         return results[0]
 
+    def release_engines(self) -> None:
+        """Colocated mode: engines free their weights so the trainer has the devices to itself."""
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
+
+    def resume_engines(self) -> None:
+        """Colocated mode: engines take their memory back (before the weight sync refills it)."""
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
+
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()
         if self.cfg.weight_sync.method == "disk":

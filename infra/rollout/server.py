@@ -128,6 +128,16 @@ def create_app(state: EngineState) -> FastAPI:
         state.abort(req.rid, req.abort_all)
         return {"success": True, "message": "aborted"}
 
+    @app.post("/release_memory_occupation")
+    async def release_memory(req: p.MemoryOccupationReq):
+        freed = await asyncio.to_thread(state.release_memory, req.tags)
+        return {"success": True, "message": f"released {freed} bytes of weights"}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(req: p.MemoryOccupationReq):
+        await asyncio.to_thread(state.resume_memory, req.tags)
+        return {"success": True, "message": "resumed"}
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -172,9 +182,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="0")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    app = create_app(EngineState(args.model_path, args.seed, args.weight_version))
-    # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    state = EngineState(args.model_path, args.seed, args.weight_version)
+    try:
+        # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
+        uvicorn.run(
+            create_app(state),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
+    finally:
+        state.offload.discard()  # a released model's copy on disk
 
 
 if __name__ == "__main__":
