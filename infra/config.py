@@ -309,6 +309,8 @@ class RunConfig(_Section):
                 f"cluster.engines.gpus_per_worker={self.cluster.engines.gpus_per_worker} must equal "
                 f"rollout.tp_size={tp}: one engine process spans its tensor-parallel GPUs"
             )
+        if self.rollout.sglang_python and self.rollout.engine != "sglang":
+            raise ValueError("rollout.sglang_python applies to rollout.engine=sglang only")
         if self.cluster.colocate:
             self._check_colocation()
         return self
