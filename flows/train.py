@@ -75,11 +75,11 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             if ahead and schedule.has_next(k):
                 future = generate_.submit(run, k + 1, wait_for=last)
 
-            if config.cluster.colocate:  # sync mode only: no generation is in flight here
-                run.release_engines()
-            row = {**rollout, **train_.submit(run, k).result()}
+            # colocated (sync mode only, nothing in flight): engines give the trainer the devices
+            released = run.release_engines() if config.cluster.colocate else {}
+            row = {**rollout, **released, **train_.submit(run, k).result()}
             if config.cluster.colocate:
-                run.resume_engines()
+                row.update(run.resume_engines())
             if schedule.sync_after(k):
                 if future is not None:  # no generation may be in flight while weights change
                     ready, last, future = future.result(), [future], None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -78,6 +78,15 @@ class ClusterConfig(_Section):
         ge=1,
         description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _two_ranks_by_default(cls, value: object) -> object:
+        # the default of 2 ranks holds when only other trainer fields are set, e.g.
+        # `cluster.trainer.gpus_per_worker=1` (RoleResources' own default is 1 worker)
+        if isinstance(value, dict) and "num_workers" not in value:
+            return {"num_workers": 2, **value}
+        return value
 
 
 class SamplingConfig(_Section):
@@ -331,6 +340,11 @@ class RunConfig(_Section):
             raise ValueError(
                 f"cluster.colocate: rollout.tp_size={self.rollout.tp_size} is not supported colocated; "
                 "a colocated engine shares one trainer bundle (one GPU), so use rollout.tp_size=1"
+            )
+        if trainer.gpus_per_worker and self.weight_sync.method == "broadcast":
+            raise ValueError(
+                "cluster.colocate on GPUs needs weight_sync.method=disk: engine 0 shares trainer rank 0's "
+                "GPU, and NCCL refuses two ranks of one group (the weight-update group) on the same GPU"
             )
         if engines.gpus_per_worker and engines.gpus_per_worker != trainer.gpus_per_worker:
             raise ValueError(

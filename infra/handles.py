@@ -41,15 +41,19 @@ class RunHandles:
         self.manager.release.remote(rollout_id)
         return results[0]
 
-    def release_engines(self) -> None:
+    def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
+        t0 = time.monotonic()
         for url in self.engine_urls:
             EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
+        return {"time_engine_release_s": time.monotonic() - t0}
 
-    def resume_engines(self) -> None:
+    def resume_engines(self) -> dict:
         """Colocated mode: engines take their memory back (before the weight sync refills it)."""
+        t0 = time.monotonic()
         for url in self.engine_urls:
             EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
+        return {"time_engine_resume_s": time.monotonic() - t0}
 
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()
