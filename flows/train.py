@@ -46,11 +46,10 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     log = get_run_logger()
     # task results go to the run's own storage (a block the code creates, not a person)
     generate_, train_, save_, sync_, eval_ = persisted(config, generate, train_step, save, sync, evaluate)
-    with (
-        RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS) as run,
-        remote_options(num_cpus=0),
-    ):
+    system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
+    with system as run, remote_options(num_cpus=0):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
+        log.info("placement (node ids): %s", system.placement)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
         schedule = LoopSchedule.from_config(config, run.ends_epoch, start)
         log.info(
@@ -76,7 +75,11 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             if ahead and schedule.has_next(k):
                 future = generate_.submit(run, k + 1, wait_for=last)
 
-            row = {**rollout, **train_.submit(run, k).result()}
+            # colocated (sync mode only, nothing in flight): engines give the trainer the devices
+            released = run.release_engines() if config.cluster.colocate else {}
+            row = {**rollout, **released, **train_.submit(run, k).result()}
+            if config.cluster.colocate:
+                row.update(run.resume_engines())
             if schedule.sync_after(k):
                 if future is not None:  # no generation may be in flight while weights change
                     ready, last, future = future.result(), [future], None

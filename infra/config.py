@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -44,6 +44,11 @@ class RoleResources(_Section):
     gpus_per_worker: float = Field(
         0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines)."
     )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description='Custom Ray resources reserved per process, e.g. `{"trainer_node": 1}`: the role '
+        "then runs only on nodes started with that resource (`ray start --resources ...`).",
+    )
 
 
 class ClusterConfig(_Section):
@@ -62,11 +67,26 @@ class ClusterConfig(_Section):
         description="Actor trainer ranks (one FSDP2 rank per worker).",
     )
     engines: RoleResources = Field(default_factory=RoleResources, description="Rollout engine servers.")
+    colocate: bool = Field(
+        False,
+        description="Engines share the trainer's placement bundles (and GPUs) instead of their own; they "
+        "release their weights and KV cache while the trainer trains and resume before the weight "
+        "sync. Sync mode only; engines need num_workers <= trainer.num_workers.",
+    )
     threads_per_worker: int = Field(
         1,
         ge=1,
         description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _two_ranks_by_default(cls, value: object) -> object:
+        # the default of 2 ranks holds when only other trainer fields are set, e.g.
+        # `cluster.trainer.gpus_per_worker=1` (RoleResources' own default is 1 worker)
+        if isinstance(value, dict) and "num_workers" not in value:
+            return {"num_workers": 2, **value}
+        return value
 
 
 class SamplingConfig(_Section):
@@ -109,6 +129,12 @@ class RolloutConfig(_Section):
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one HTTP request to an engine.")
     sglang_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Extra `sglang.launch_server` flags (engine=sglang only)."
+    )
+    sglang_python: str = Field(
+        "",
+        description="Python interpreter that runs `sglang.launch_server` (engine=sglang only), e.g. a "
+        "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: this "
+        "process's interpreter.",
     )
 
 
@@ -322,4 +348,37 @@ class RunConfig(_Section):
                 f"cluster.engines.gpus_per_worker={self.cluster.engines.gpus_per_worker} must equal "
                 f"rollout.tp_size={tp}: one engine process spans its tensor-parallel GPUs"
             )
+        if self.rollout.sglang_python and self.rollout.engine != "sglang":
+            raise ValueError("rollout.sglang_python applies to rollout.engine=sglang only")
+        if self.cluster.colocate:
+            self._check_colocation()
         return self
+
+    def _check_colocation(self) -> None:
+        trainer, engines = self.cluster.trainer, self.cluster.engines
+        if self.mode == "async":
+            raise ValueError(
+                "cluster.colocate=true needs mode=sync: in async mode generation of k+1 runs while the "
+                "trainer trains on k, so engines and trainer cannot take turns on the same devices"
+            )
+        if engines.num_workers > trainer.num_workers:
+            raise ValueError(
+                f"cluster.colocate: cluster.engines.num_workers={engines.num_workers} must not exceed "
+                f"cluster.trainer.num_workers={trainer.num_workers} (engines share the trainer's bundles)"
+            )
+        if self.rollout.tp_size != 1:
+            raise ValueError(
+                f"cluster.colocate: rollout.tp_size={self.rollout.tp_size} is not supported colocated; "
+                "a colocated engine shares one trainer bundle (one GPU), so use rollout.tp_size=1"
+            )
+        if trainer.gpus_per_worker and self.weight_sync.method == "broadcast":
+            raise ValueError(
+                "cluster.colocate on GPUs needs weight_sync.method=disk: engine 0 shares trainer rank 0's "
+                "GPU, and NCCL refuses two ranks of one group (the weight-update group) on the same GPU"
+            )
+        if engines.gpus_per_worker and engines.gpus_per_worker != trainer.gpus_per_worker:
+            raise ValueError(
+                f"cluster.colocate: cluster.engines.gpus_per_worker={engines.gpus_per_worker} must equal "
+                f"cluster.trainer.gpus_per_worker={trainer.gpus_per_worker}: an engine shares a trainer "
+                "bundle's GPUs"
+            )

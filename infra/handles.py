@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import ray
 
 from infra.config import RunConfig
+from infra.rollout.client import EngineClient
 from infra.storage.checkpoints import CheckpointStore, config_hash, read_committed_meta
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
@@ -43,6 +44,20 @@ class RunHandles:
         results = ray.get([t.train.remote(rollout_id, batch_ref) for t in self.trainers])
         self.manager.release.remote(rollout_id)
         return results[0]
+
+    def release_engines(self) -> dict:
+        """Colocated mode: engines free their weights so the trainer has the devices to itself."""
+        t0 = time.monotonic()
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
+        return {"time_engine_release_s": time.monotonic() - t0}
+
+    def resume_engines(self) -> dict:
+        """Colocated mode: engines take their memory back (before the weight sync refills it)."""
+        t0 = time.monotonic()
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
+        return {"time_engine_resume_s": time.monotonic() - t0}
 
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()

@@ -11,9 +11,17 @@ from collections.abc import Callable, Mapping
 
 import ray
 
-from infra.cluster.placement import plan_placement
-from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups, warm_workers
-from infra.config import RoleResources, RunConfig
+from infra.cluster.placement import PlacementLayout, plan_placement
+from infra.cluster.ray_cluster import (
+    bundle_nodes,
+    connect,
+    create_placement_groups,
+    ordered_bundles,
+    remove_groups,
+    slot_options,
+    warm_workers,
+)
+from infra.config import RunConfig
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
 from infra.rollout.engine_actor import EngineActor
@@ -40,6 +48,8 @@ class RLSystem:
         self.warm_imports = warm_imports or []
         self.owns_ray = False
         self.groups: dict = {}
+        self.order: dict[str, list[int]] = {}
+        self.placement: dict[str, list[str]] = {}
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
@@ -66,13 +76,14 @@ class RLSystem:
         model_uri = base_model_uri(cfg.model, store.run_uri, opts)
         log.info("model: %s; run folder: %s", model_uri, store.run_uri)
         self.groups = create_placement_groups(layout)
+        self._order_bundles(layout)
 
-        self.engines = self._place(EngineActor, "engines", cfg.cluster.engines, lambda i: (cfg, i, local))
+        self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
         log.info("engines up: %s", urls)
 
         ranks = cfg.cluster.trainer.num_workers
-        self.trainers = self._place(TrainerRank, "trainer", cfg.cluster.trainer, lambda r: (cfg, r, ranks))
+        self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
 
@@ -97,16 +108,24 @@ class RLSystem:
             transport=self.transport,
         )
 
-    def _place(self, cls: type, role: str, res: RoleResources, args: Callable[[int], tuple]) -> list:
-        """One actor per bundle of the role's placement group."""
+    def _order_bundles(self, layout: PlacementLayout) -> None:
+        self.order = {
+            name: ordered_bundles(self.groups[name], role.bundles) for name, role in layout.roles.items()
+        }
+        # the node each process of each role landed on (the flow logs it)
+        nodes = {name: bundle_nodes(pg) for name, pg in self.groups.items()}
+        self.placement = {
+            role: [nodes[s.group][self.order[s.group][s.bundle]] for s in slots]
+            for role, slots in layout.slots.items()
+        }
+
+    def _place(self, cls: type, layout: PlacementLayout, role: str, args: Callable[[int], tuple]) -> list:
+        """One actor per slot of the role (its own bundle, or a trainer bundle when colocated)."""
         remote = ray.remote(cls)
+        slots = layout.slots[role]
         return [
-            remote.options(
-                num_cpus=res.cpus_per_worker,
-                num_gpus=res.gpus_per_worker,
-                scheduling_strategy=in_bundle(self.groups[role], i),
-            ).remote(*args(i))
-            for i in range(res.num_workers)
+            remote.options(**slot_options(self.groups, self.order, s)).remote(*args(i))
+            for i, s in enumerate(slots)
         ]
 
     def dispose(self) -> None:

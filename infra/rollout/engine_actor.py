@@ -38,6 +38,7 @@ class EngineActor:
             threads=self.cfg.cluster.threads_per_worker,
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
+            python=self.cfg.rollout.sglang_python,
         )
         self.url = f"http://{host}:{port}"
         wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)

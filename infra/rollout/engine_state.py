@@ -13,6 +13,7 @@ import threading
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from infra.rollout.memory import WeightOffload
 from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
 from infra.weights.group import broadcast, close_update_group, open_update_group
@@ -43,6 +44,7 @@ class EngineState:
         self._aborts_lock = threading.Lock()
         self.session = session  # speak the update-session protocol (SGLang >= 0.5.23)
         self._session_open = False
+        self.offload = WeightOffload(self.model)
 
     # ---- generation -------------------------------------------------------------------
 
@@ -89,6 +91,7 @@ class EngineState:
         `seed`: None draws from the server's stream; an int seeds one generator for the
         batch; a list seeds one generator per row."""
         with self.lock:
+            self.require_resident()
             if seed is None:
                 generator = self.generator
             elif isinstance(seed, list):
@@ -176,6 +179,7 @@ class EngineState:
         # gloo moves CPU tensors, nccl GPU tensors
         device = "cuda" if backend == "nccl" else "cpu"
         with self.lock:
+            self.require_resident()
             received = {}
             # Receive everything before validating: the trainer broadcasts all tensors
             # regardless, and skipping a receive would leave it hanging in a collective.
@@ -188,6 +192,7 @@ class EngineState:
     def update_from_disk(self, model_path: str, version: str | None) -> str | None:
         dtype = next(self.model.parameters()).dtype
         with self.lock:
+            self.require_resident()
             try:
                 fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             except OSError as exc:  # no such directory, or not an HF model directory
@@ -224,5 +229,31 @@ class EngineState:
         if name not in params:
             raise BadRequest(f"name: unknown parameter {name!r}")
         with self.lock:  # never read a tensor half-way through an update
+            self.require_resident()
             values = params[name].detach().cpu().to(torch.float32).tolist()
         return values[:truncate_size]
+
+    # ---- memory occupation (colocated mode) -------------------------------------------
+
+    def require_resident(self) -> None:
+        if self.offload.released:
+            raise BadRequest(
+                "engine memory is released (/release_memory_occupation): "
+                "call /resume_memory_occupation before generating or updating weights"
+            )
+
+    def release_memory(self, tags: list[str] | None) -> int:
+        """Free the weights (tags None or containing "weights"); returns the bytes freed.
+
+        Other SGLang tags ("kv_cache", "cuda_graph") hold nothing here: this server
+        allocates its KV cache per batch and frees it when the batch ends.
+        """
+        with self.lock:  # after any batch in flight
+            if tags is None or "weights" in tags:
+                return self.offload.release()
+            return 0
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        with self.lock:
+            if tags is None or "weights" in tags:
+                self.offload.resume()

@@ -95,6 +95,11 @@ class AbortReq(_Body):
     abort_all: bool = False
 
 
+class MemoryOccupationReq(_Body):
+    # SGLang's tags: "weights", "kv_cache", "cuda_graph"; None means all of them
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = None
+
+
 class WeightsByNameReq(_Body):
     name: str
     truncate_size: int = 100  # as SGLang: an int, never null

@@ -143,6 +143,16 @@ def create_app(state: EngineState) -> FastAPI:
         state.abort(req.rid, req.abort_all)
         return {"success": True, "message": "aborted"}
 
+    @app.post("/release_memory_occupation")
+    async def release_memory(req: p.MemoryOccupationReq):
+        freed = await asyncio.to_thread(state.release_memory, req.tags)
+        return {"success": True, "message": f"released {freed} bytes of weights"}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(req: p.MemoryOccupationReq):
+        await asyncio.to_thread(state.resume_memory, req.tags)
+        return {"success": True, "message": "resumed"}
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -205,9 +215,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     state = EngineState(args.model_path, args.seed, args.weight_version, args.weight_update_session == "on")
-    app = create_app(state)
-    # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    try:
+        # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
+        uvicorn.run(
+            create_app(state),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
+    finally:
+        state.offload.discard()  # a released model's copy on disk
 
 
 if __name__ == "__main__":
