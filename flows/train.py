@@ -5,7 +5,8 @@
 
 In async mode generation of k+1 is submitted before training on k starts, so engines and
 trainer overlap (one step off-policy). Before every weight sync the in-flight generation
-is drained, and the next one is submitted only after it: staleness is at most one step.
+is drained, and the next one is submitted only after it: a sample is at most one optimizer
+step behind the weights that train on it when update_weights_interval is 1 (with N, up to N).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner
 from infra.config import RunConfig
 from infra.config_files import load_config
+from infra.preflight import preflight
 from infra.schedule import LoopSchedule
 from infra.system import RLSystem
 from tasks.evaluate import evaluate
@@ -44,6 +46,11 @@ WORKER_IMPORTS = [
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
+    # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
+    checked = preflight(config)
+    if checked.finished:
+        log.info(checked.finished)
+        return {"final": {}, "finished": checked.finished}
     # task results go to the run's own storage (a block the code creates, not a person)
     generate_, train_, save_, sync_, eval_ = persisted(config, generate, train_step, save, sync, evaluate)
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+RESUME_MODES = ("never", "fresh", "auto")
+
 
 class _Section(BaseModel):
     # Unknown keys are typos: reject them instead of silently ignoring a setting.
@@ -152,8 +154,21 @@ class DataConfig(_Section):
     shuffle_seed: int = Field(7, description="Seed of the per-epoch prompt shuffle.")
     reward: str = Field(
         "exact_match",
-        description="A registered reward (exact_match, prefix_match, contains, numeric_match) or "
-        "`module:function` with signature (prompt, response, label, **kw) -> float; async allowed.",
+        description="A registered reward (exact_match, prefix_match, contains, numeric_match), "
+        "`module:function` (the module importable by the flow and the Ray workers), or "
+        "`path/to/file.py:function`; signature (prompt, response, label, **kw) -> float; async allowed.",
+    )
+    reward_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest one reward call may take; a sample whose reward runs longer is marked failed.",
+    )
+    max_failed_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run with an error when more than this share of a rollout's samples "
+        "failed (reward raised, timed out or returned no finite number), instead of training on zeros.",
     )
 
 
@@ -217,6 +232,12 @@ class StorageConfig(_Section):
     profile: str | None = Field(
         None, description="AWS profile name. Credentials come only from the environment."
     )
+    retry_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long one storage operation is retried (with backoff) while the endpoint is "
+        "unreachable or erroring, before the run fails.",
+    )
 
 
 class CheckpointConfig(_Section):
@@ -227,7 +248,21 @@ class CheckpointConfig(_Section):
     hf_export_interval: int | None = Field(
         None, ge=1, description="Export an HF model directory every N iterations (always at the end)."
     )
-    resume: str = Field("never", description="`auto`, `never`, or the URI of a checkpoint folder.")
+    resume: str = Field(
+        "never",
+        description="`never`: start at iteration 0, and refuse a run folder that already holds outputs. "
+        "`fresh`: delete the run folder's old outputs first, then start at 0. `auto`: continue from the "
+        "latest complete checkpoint (iteration 0 if none). Or the URI of one checkpoint folder.",
+    )
+
+    @model_validator(mode="after")
+    def _resume_spec(self) -> CheckpointConfig:
+        spec = self.resume
+        if spec not in RESUME_MODES and "/" not in spec:
+            raise ValueError(
+                f"checkpoint.resume: {spec!r} is none of {', '.join(RESUME_MODES)} and not a checkpoint URI"
+            )
+        return self
 
 
 class EvalConfig(_Section):

@@ -12,12 +12,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from infra.config import RunConfig
-from infra.data.prompts import PromptSource, load_rows
+from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
-from infra.rollout.scoring import pass_at_k, rollout_stats, score_samples
+from infra.rollout.scoring import check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
@@ -25,13 +25,6 @@ from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 def _plain(value):
     # parquet hands back numpy arrays and scalars; the trainer expects Python lists/numbers
     return value.tolist() if hasattr(value, "tolist") else value
-
-
-def _split(path: str, split: str) -> str:
-    # builtin tasks carry their own train/eval split; files are used as given
-    if path.startswith("builtin:") and path.count(":") == 1:
-        return f"{path}:{split}"
-    return path
 
 
 class RolloutManager:
@@ -44,8 +37,8 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(localize(model_uri, opts))
         self.engines = [EngineClient(u, cfg.rollout.request_timeout_s) for u in engine_urls]
         data = cfg.data
-        train_rows = load_rows(_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
-        self.eval_rows = load_rows(_split(data.eval_path, "eval"), data.prompt_key, data.label_key, opts)
+        train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
+        self.eval_rows = load_rows(with_split(data.eval_path, "eval"), data.prompt_key, data.label_key, opts)
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
@@ -141,8 +134,10 @@ class RolloutManager:
             f"r{rollout_id}",
         )
         t_gen = time.monotonic() - t0
-        score_samples(samples, self.reward_fn, self.cfg.algorithm.normalize_advantage_std)
+        d = self.cfg.data
+        score_samples(samples, self.reward_fn, self.cfg.algorithm.normalize_advantage_std, d.reward_timeout_s)
         uri = write_rollout(self.store, rollout_id, samples)
+        check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri)
 
     def _keep(self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str) -> dict:
@@ -202,7 +197,7 @@ class RolloutManager:
             self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20,
             f"eval{rollout_id}",
         )
-        score_samples(samples, self.reward_fn, normalize_std=False)
+        score_samples(samples, self.reward_fn, normalize_std=False, timeout_s=self.cfg.data.reward_timeout_s)
         result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
         for k in e.pass_k:
             result[f"eval_pass@{k}"] = pass_at_k(samples, k)

@@ -11,13 +11,20 @@ from infra.rollout.batch import Sample
 from infra.trainer.advantages import grpo_advantages
 
 
-def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: bool) -> None:
+class TooManyFailedSamples(ValueError):
+    """More of a rollout's samples failed than `data.max_failed_fraction` allows."""
+
+
+def score_samples(
+    samples: list[Sample], reward_fn: Callable, normalize_std: bool, timeout_s: float | None = None
+) -> None:
     """Fill reward, status and advantage in place.
 
-    A reward that raises marks only its sample `failed` with reward 0: one bad completion
-    must not stop a training run.
+    A reward that raises or runs past `timeout_s` marks only its sample `failed` with
+    reward 0: one bad completion must not stop a training run (`check_failures` stops one
+    where most do).
     """
-    results = score(reward_fn, [(s.prompt, s.response, s.label) for s in samples])
+    results = score(reward_fn, [(s.prompt, s.response, s.label) for s in samples], timeout_s=timeout_s)
     for s, res in zip(samples, results, strict=True):
         s.reward = res.reward
         if res.status == "failed":
@@ -25,6 +32,16 @@ def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: boo
     advantages = grpo_advantages([s.reward for s in samples], [s.group for s in samples], normalize_std)
     for s, a in zip(samples, advantages, strict=True):
         s.advantage = a
+
+
+def check_failures(samples: list[Sample], max_fraction: float, where: str) -> None:
+    failed = [s for s in samples if s.status == "failed"]
+    if samples and len(failed) / len(samples) > max_fraction:
+        raise TooManyFailedSamples(
+            f"{len(failed)} of {len(samples)} samples failed their reward "
+            f"({len(failed) / len(samples):.0%} > data.max_failed_fraction={max_fraction:g}); "
+            f"first error: {failed[0].error}; samples with errors: {where}"
+        )
 
 
 def rollout_stats(samples: list[Sample]) -> dict:

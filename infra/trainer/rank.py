@@ -23,6 +23,8 @@ from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
+from infra.storage.dcp_io import checkpoint_reader, checkpoint_writer
+from infra.storage.fs import upload_dir
 from infra.trainer.parallelize import init_distributed, parallelize
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
@@ -35,14 +37,6 @@ from infra.weights.group import close_update_group
 def _full(param: torch.Tensor) -> torch.Tensor:
     # A collective on the default group for FSDP2's DTensors: every rank must call it.
     return param.full_tensor() if isinstance(param, DTensor) else param
-
-
-def _storage(path: str, storage_options: dict, write: bool):
-    if "://" in path:  # s3:// or any fsspec URL; options (key, secret, endpoint_url) go to fsspec
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-
-        return FsspecWriter(path, **storage_options) if write else FsspecReader(path, **storage_options)
-    return dcp.FileSystemWriter(path) if write else dcp.FileSystemReader(path)
 
 
 class TrainerRank:
@@ -173,11 +167,11 @@ class TrainerRank:
         }
 
     def save_checkpoint(self, path: str, storage_options: dict) -> None:
-        dcp.save(self._dcp_state(), storage_writer=_storage(path, storage_options, write=True))
+        dcp.save(self._dcp_state(), storage_writer=checkpoint_writer(path, storage_options))
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
-        dcp.load(state, storage_reader=_storage(path, storage_options, write=False))
+        dcp.load(state, storage_reader=checkpoint_reader(path, storage_options))
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
@@ -199,7 +193,6 @@ class TrainerRank:
             return
         import tempfile
 
-        import fsspec
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         with torch.device("meta"):
@@ -208,13 +201,7 @@ class TrainerRank:
         with tempfile.TemporaryDirectory() as tmp:
             plain.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(tmp)
-            fs, path = fsspec.core.url_to_fs(uri, **storage_options)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
-            fs.makedirs(path, exist_ok=True)
-            names = sorted(os.listdir(tmp), key=lambda n: n == "config.json")
-            for name in names:
-                fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
+            upload_dir(tmp, uri, storage_options, self.cfg.storage.retry_timeout_s)
 
     def shutdown(self) -> None:
         if self._sender is not None and self._sender.group is not None:

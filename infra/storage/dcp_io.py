@@ -1,0 +1,45 @@
+"""torch.distributed.checkpoint readers and writers for a local folder or any fsspec URL.
+
+The fsspec writer of torch calls `makedirs` on the checkpoint folder; on S3, s3fs turns
+that into CreateBucket when the bucket does not answer as existing (deleted, or the
+endpoint down), and a training run must never create a bucket. S3 has no folders, so
+here `mkdir` does nothing on object stores. Retrying a DCP save is the save task's job:
+the save is collective over the ranks and is redone whole (see infra/handles.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed.checkpoint as dcp
+
+# torch keeps its fsspec storage in a private module; it is the documented way to write
+# DCP checkpoints to object stores.
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
+
+
+class _NoBucketFileSystem(FileSystem):
+    def mkdir(self, path: str | os.PathLike) -> None:
+        from fsspec.implementations.local import LocalFileSystem
+
+        if isinstance(self.fs, LocalFileSystem):
+            super().mkdir(path)
+
+
+def _no_bucket_creation(storage: FsspecWriter | FsspecReader) -> FsspecWriter | FsspecReader:
+    fs = _NoBucketFileSystem()
+    fs.fs = storage.fs.fs
+    storage.fs = fs
+    return storage
+
+
+def checkpoint_writer(path: str, storage_options: dict):
+    if "://" in path:  # s3:// or any fsspec URL; options (endpoint_url, region) go to fsspec
+        return _no_bucket_creation(FsspecWriter(path, **storage_options))
+    return dcp.FileSystemWriter(path)
+
+
+def checkpoint_reader(path: str, storage_options: dict):
+    if "://" in path:
+        return _no_bucket_creation(FsspecReader(path, **storage_options))
+    return dcp.FileSystemReader(path)
