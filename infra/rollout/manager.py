@@ -17,7 +17,8 @@ from infra.data.rewards import resolve_reward
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
-from infra.rollout.scoring import pass_at_k, rollout_stats, score_samples
+from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.scoring import assign_advantages, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
@@ -124,19 +125,33 @@ class RolloutManager:
         t0 = time.monotonic()
         r = self.cfg.rollout
         seed = r.seed * 1_000_003 + rollout_id * 1009
-        samples = self._sample(
-            self.source.batch(rollout_id),
-            r.n_samples_per_prompt,
-            r.sampling.temperature,
-            seed,
-            f"r{rollout_id}",
-        )
-        t_gen = time.monotonic() - t0
-        score_samples(samples, self.reward_fn, self.cfg.algorithm.normalize_advantage_std)
-        uri = write_rollout(self.store, rollout_id, samples)
-        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri)
+        rows = self.source.batch(rollout_id)
 
-    def _keep(self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str) -> dict:
+        def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
+            suffix = f"-d{round_}" if round_ else ""
+            out = self._sample(
+                rows,
+                r.n_samples_per_prompt,
+                r.sampling.temperature,
+                seed + 7919 * round_,
+                f"r{rollout_id}{suffix}",
+            )
+            score_samples(out, self.reward_fn, None)
+            return out
+
+        extra: dict = {}
+        if r.dynamic_sampling:
+            samples, extra = fill_with_signal(draw, len(rows), r.dynamic_sampling_max_rounds)
+        else:
+            samples = draw(0)
+        t_gen = time.monotonic() - t0
+        assign_advantages(samples, self.cfg.algorithm)
+        uri = write_rollout(self.store, rollout_id, samples)
+        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
+
+    def _keep(
+        self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str, extra: dict | None = None
+    ) -> dict:
         summary = {
             "rollout_id": batch.rollout_id,
             **rollout_stats(batch.samples),
@@ -144,6 +159,7 @@ class RolloutManager:
             "time_generate_s": t_gen,
             "time_rollout_s": t_all,
             "rollout_uri": uri,
+            **(extra or {}),
         }
         with self._lock:
             self._batches[batch.rollout_id] = batch
@@ -189,7 +205,7 @@ class RolloutManager:
         samples = self._sample(
             rows, e.n_samples, e.temperature, self.cfg.rollout.seed + 7, f"eval{rollout_id}"
         )
-        score_samples(samples, self.reward_fn, normalize_std=False)
+        score_samples(samples, self.reward_fn, None)
         result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
         for k in e.pass_k:
             result[f"eval_pass@{k}"] = pass_at_k(samples, k)

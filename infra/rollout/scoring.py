@@ -6,13 +6,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from math import comb
 
+from infra.config import AlgorithmConfig
 from infra.data.rewards import score
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import grpo_advantages
+from infra.trainer.advantages import compute_advantages, zero_variance_groups
 
 
-def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: bool) -> None:
-    """Fill reward, status and advantage in place.
+def score_samples(samples: list[Sample], reward_fn: Callable, algorithm: AlgorithmConfig | None) -> None:
+    """Fill reward, status and (with `algorithm`) advantage in place.
 
     A reward that raises marks only its sample `failed` with reward 0: one bad completion
     must not stop a training run.
@@ -22,7 +23,20 @@ def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: boo
         s.reward = res.reward
         if res.status == "failed":
             s.status, s.error = "failed", res.error
-    advantages = grpo_advantages([s.reward for s in samples], [s.group for s in samples], normalize_std)
+    if algorithm is not None:
+        assign_advantages(samples, algorithm)
+
+
+def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None:
+    """The estimator's advantage on every sample (samples without a prompt have no loss tokens)."""
+    advantages = compute_advantages(
+        algorithm.advantage_estimator,
+        [s.reward for s in samples],
+        [s.group for s in samples],
+        [len(s.response_ids) if s.prompt_ids else 0 for s in samples],
+        normalize_std=algorithm.normalize_advantage_std,
+        unbiased_std=algorithm.unbiased_std,
+    )
     for s, a in zip(samples, advantages, strict=True):
         s.advantage = a
 
@@ -38,9 +52,15 @@ def rollout_stats(samples: list[Sample]) -> dict:
         "truncated_frac": sum(s.status == "truncated" for s in samples) / n,
         "reward_failures": sum(s.status == "failed" for s in samples),
         "num_samples": n,
+        "zero_variance_group_frac": _flat_share(samples),
         "weight_version": min(s.weight_version for s in samples),
         "weight_version_max": max(s.weight_version for s in samples),
     }
+
+
+def _flat_share(samples: list[Sample]) -> float:
+    flat, total = zero_variance_groups([s.reward for s in samples], [s.group for s in samples])
+    return flat / total
 
 
 def pass_at_k(samples: list[Sample], k: int) -> float:
