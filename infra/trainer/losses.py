@@ -136,7 +136,7 @@ def aggregation_weights(
       seq-mean-token-sum:      w = m / N_seqs
       seq-mean-token-sum-norm: w = m / (N_seqs max_len)      (Dr. GRPO's constant length)
     """
-    mask = mask.float()
+    mask = mask if mask.is_floating_point() else mask.float()
     tokens, seqs = max(num_tokens, 1.0), max(num_seqs, 1.0)
     if mode == "token-mean":
         return mask / tokens
