@@ -138,6 +138,16 @@ class RolloutConfig(_Section):
         "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: this "
         "process's interpreter.",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample the same "
+        "prompts again with new seeds until the batch is full of groups with signal.",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        3,
+        ge=1,
+        description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
+    )
 
 
 class DataConfig(_Section):
@@ -177,6 +187,14 @@ class AlgorithmConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="LR after the warm-up: `constant`, or `linear`/`cosine` decay to lr x min_lr_ratio at "
+        "the run's last optimizer step (num_rollout x steps per rollout x ppo_epochs).",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     global_batch_size: int | None = Field(
         None,
@@ -184,18 +202,89 @@ class AlgorithmConfig(_Section):
         description="Samples per optimizer step; default: the whole rollout (one step per iteration).",
     )
     micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
+    ppo_epochs: int = Field(
+        1, ge=1, description="Passes over each rollout; each pass takes one optimizer step per global batch."
+    )
+    advantage_estimator: Literal[
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo", "ppo"
+    ] = Field(
+        "grpo",
+        description="`grpo`: group-centred rewards (/ group std if normalize_advantage_std). `dr_grpo`: "
+        "group-centred, no std, length-normalised loss. `rloo`: leave-one-out baseline. "
+        "`reinforce_plus_plus`: rewards whitened over the batch's tokens; `_baseline`: group-centred "
+        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo`: GAE with a critic.",
+    )
+    normalize_advantage_std: bool = Field(
+        True, description="grpo/gspo: divide group-centred rewards by the group std (+1e-6)."
+    )
+    unbiased_std: bool = Field(True, description="grpo/gspo: the group std divides by n - 1 (false: by n).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of rewards (ppo: GAE).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo).")
+    loss_agg_mode: (
+        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
+    ) = Field(
+        None,
+        description="How token losses of a global batch become one number: `token-mean` (over all its "
+        "tokens), `seq-mean-token-mean`, `seq-mean-token-sum`, `seq-mean-token-sum-norm` (token sums / "
+        "max_new_tokens, averaged over sequences). Empty: seq-mean-token-mean for gspo, "
+        "seq-mean-token-sum-norm for dr_grpo, token-mean otherwise.",
+    )
     eps_clip: float = Field(0.2, gt=0, description="PPO ratio clip (lower side).")
     eps_clip_high: float | None = Field(
         None, gt=0, description="PPO ratio clip (upper side); default: eps_clip."
     )
+    clip_ratio_c: float | None = Field(
+        3.0,
+        gt=1,
+        description="Dual clip: for negative advantages the loss is capped at -A x clip_ratio_c. "
+        "Empty: no dual clip.",
+    )
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the KL to a frozen reference model; 0 loads no reference."
     )
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    normalize_advantage_std: bool = Field(
-        True, description="GRPO: divide group-centred rewards by the group std."
+    kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
+        "k3",
+        description="KL estimator per token: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = low_var_kl = "
+        "exp(ref - logp) - (ref - logp) - 1 (log-ratio clamped to +-20, result to +-10).",
     )
+    kl_in_reward: bool = Field(
+        False,
+        description="Apply the KL as a penalty on the reward (reward - kl_coef x summed KL, before the "
+        "advantages) instead of as a loss term.",
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    tis: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Truncated importance sampling: weight each token's policy loss by "
+        "min(exp(old logp - engine logp), tis_cap). `auto`: on in async mode, off in sync mode.",
+    )
+    tis_cap: float = Field(2.0, gt=0, description="Upper bound of the TIS weight.")
     seed: int = Field(42, description="Seed of the trainer (model init is the model's own).")
+
+    @property
+    def agg_mode(self) -> str:
+        """`loss_agg_mode`, or the estimator's own when it is empty."""
+        if self.loss_agg_mode:
+            return self.loss_agg_mode
+        return {"gspo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}.get(
+            self.advantage_estimator, "token-mean"
+        )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> AlgorithmConfig:
+        est = self.advantage_estimator
+        if est == "gspo" and self.agg_mode != "seq-mean-token-mean":
+            raise ValueError(
+                f"algorithm.loss_agg_mode={self.loss_agg_mode}: gspo's ratio is one per sequence and its "
+                "objective a mean over sequences; use seq-mean-token-mean (or leave it empty)"
+            )
+        if est.startswith("reinforce_plus_plus") and self.gamma != 1.0:
+            raise ValueError(
+                f"algorithm.gamma={self.gamma}: {est} here takes outcome rewards with gamma = 1 only"
+            )
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0")
+        return self
 
 
 class CriticConfig(_Section):
@@ -354,6 +443,18 @@ class RunConfig(_Section):
     def global_batch_size(self) -> int:
         return self.algorithm.global_batch_size or self.rollout_samples
 
+    @property
+    def tis_enabled(self) -> bool:
+        """Truncated importance sampling on the engine logprobs (`auto`: only in async mode)."""
+        tis = self.algorithm.tis
+        return tis == "on" or (tis == "auto" and self.mode == "async")
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps of the whole run (the LR schedule's horizon)."""
+        per_rollout = self.rollout_samples // self.global_batch_size
+        return self.num_rollout * per_rollout * self.algorithm.ppo_epochs
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         ranks = self.cluster.trainer.num_workers
@@ -369,6 +470,17 @@ class RunConfig(_Section):
             )
         if self.num_critic_only_steps and not self.critic.enabled:
             raise ValueError("num_critic_only_steps > 0 needs a critic (critic.enabled)")
+        est = self.algorithm.advantage_estimator
+        if est == "ppo" and not self.critic.enabled:
+            raise ValueError("algorithm.advantage_estimator=ppo needs a value critic: set critic.enabled")
+        grouped = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
+        if est in grouped and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algorithm.advantage_estimator={est} compares the samples of a prompt: "
+                "rollout.n_samples_per_prompt must be >= 2"
+            )
+        if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError("rollout.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
         if self.num_critic_only_steps >= self.num_rollout:
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
         if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker <= 0:

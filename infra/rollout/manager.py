@@ -17,7 +17,8 @@ from infra.data.rewards import resolve_reward
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
-from infra.rollout.scoring import check_failures, pass_at_k, rollout_stats, score_samples
+from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
@@ -126,21 +127,35 @@ class RolloutManager:
         t0 = time.monotonic()
         r = self.cfg.rollout
         seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
-        samples = self._sample(
-            self.source.batch(rollout_id),
-            r.n_samples_per_prompt,
-            r.sampling.temperature,
-            seed,
-            f"r{rollout_id}",
-        )
-        t_gen = time.monotonic() - t0
+        rows = self.source.batch(rollout_id)
         d = self.cfg.data
-        score_samples(samples, self.reward_fn, self.cfg.algorithm.normalize_advantage_std, d.reward_timeout_s)
+
+        def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
+            suffix = f"-d{round_}" if round_ else ""
+            out = self._sample(
+                rows,
+                r.n_samples_per_prompt,
+                r.sampling.temperature,
+                seed + round_ * 2**16,  # 2**16 samples a round at most keep seeds distinct
+                f"r{rollout_id}{suffix}",
+            )
+            score_samples(out, self.reward_fn, None, d.reward_timeout_s)
+            return out
+
+        extra: dict = {}
+        if r.dynamic_sampling:
+            samples, extra = fill_with_signal(draw, len(rows), r.dynamic_sampling_max_rounds)
+        else:
+            samples = draw(0)
+        t_gen = time.monotonic() - t0
+        assign_advantages(samples, self.cfg.algorithm)
         uri = write_rollout(self.store, rollout_id, samples)
         check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
-        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri)
+        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
 
-    def _keep(self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str) -> dict:
+    def _keep(
+        self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str, extra: dict | None = None
+    ) -> dict:
         summary = {
             "rollout_id": batch.rollout_id,
             **rollout_stats(batch.samples),
@@ -148,6 +163,7 @@ class RolloutManager:
             "time_generate_s": t_gen,
             "time_rollout_s": t_all,
             "rollout_uri": uri,
+            **(extra or {}),
         }
         with self._lock:
             self._batches[batch.rollout_id] = batch
@@ -197,7 +213,7 @@ class RolloutManager:
             self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20,
             f"eval{rollout_id}",
         )
-        score_samples(samples, self.reward_fn, normalize_std=False, timeout_s=self.cfg.data.reward_timeout_s)
+        score_samples(samples, self.reward_fn, None, self.cfg.data.reward_timeout_s)
         result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
         for k in e.pass_k:
             result[f"eval_pass@{k}"] = pass_at_k(samples, k)

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,8 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.dcp_io import checkpoint_reader, checkpoint_writer
 from infra.storage.fs import upload_dir
+from infra.trainer.guard import assert_finite_state
+from infra.trainer.lr_schedule import lr_factor
 from infra.trainer.parallelize import init_distributed, parallelize
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
@@ -61,10 +64,14 @@ class TrainerRank:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )
-        warmup = alg.warmup_steps
-        self.scheduler = LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        schedule = partial(
+            lr_factor,
+            warmup=alg.warmup_steps,
+            total=self.cfg.total_optimizer_steps,
+            kind=alg.lr_schedule,
+            min_ratio=alg.min_lr_ratio,
         )
+        self.scheduler = LambdaLR(self.optimizer, schedule)
         self.ref_model = self._load(model_path, trainable=False) if alg.kl_coef > 0 else None
 
     def _load(self, model_path: str, trainable: bool) -> torch.nn.Module:
@@ -90,6 +97,9 @@ class TrainerRank:
             global_batch_size=self.cfg.algorithm.global_batch_size or len(batch),
             temperature=self.cfg.rollout.sampling.temperature,
             ref_model=self.ref_model,
+            tis=self.cfg.tis_enabled,
+            max_response_len=self.cfg.rollout.sampling.max_new_tokens,
+            rollout_id=rollout_id,  # = the trainer's weight version: iterations trained so far
         )
         return {**metrics, "rollout_id": rollout_id, "time_train_s": time.perf_counter() - start}
 
@@ -167,6 +177,7 @@ class TrainerRank:
         }
 
     def save_checkpoint(self, path: str, storage_options: dict) -> None:
+        assert_finite_state(self.model, self.optimizer, self.world_size)
         dcp.save(self._dcp_state(), storage_writer=checkpoint_writer(path, storage_options))
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:

@@ -154,9 +154,17 @@ def test_dcp_round_trip_is_bitwise(trained, model_dir):
 # --- (b) 2 ranks x micro-batches == one process on the whole batch -------------------------
 
 ALG = {"kl_coef": 0.1, "entropy_coef": 0.01, "grad_clip": 0.5, "eps_clip": 0.1, "eps_clip_high": 0.15}
+# Loss options whose aggregation spans sequences, epochs and TIS weights: still split-invariant.
+VARIANTS = {
+    "default": {},
+    "seq-sum-norm-tis-epochs": {"loss_agg_mode": "seq-mean-token-sum-norm", "ppo_epochs": 2, "tis": "on"},
+    "gspo-k2": {"advantage_estimator": "gspo", "kl_type": "k2", "eps_clip": 0.02, "eps_clip_high": 0.03},
+}
 
 
-def _sgd_run(model_dir: str, world_size: int, rank: int, micro_batch_size: int) -> tuple[dict, dict]:
+def _sgd_run(
+    model_dir: str, world_size: int, rank: int, micro_batch_size: int, variant: str = "default"
+) -> tuple[dict, dict]:
     """Two optimizer steps of plain SGD, so the weight change is the (clipped) gradient itself."""
     from transformers import AutoModelForCausalLM
 
@@ -170,33 +178,38 @@ def _sgd_run(model_dir: str, world_size: int, rank: int, micro_batch_size: int) 
     model, ref = load(True), load(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    alg = {**ALG, **VARIANTS[variant]}
     metrics = train_on_batch(
         model, optimizer, scheduler, _batch(0).samples,
-        rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **ALG),
-        global_batch_size=4, temperature=0.7, ref_model=ref,
+        rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **alg),
+        global_batch_size=4, temperature=0.7, ref_model=ref, tis=alg.get("tis") == "on", max_response_len=6,
     )  # fmt: skip
     params = _full_params(model) if world_size > 1 else {n: p.detach() for n, p in model.named_parameters()}
     return metrics, params
 
 
-def _sgd_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+def _sgd_worker(rank: int, port: int, model_dir: str, out: str, variant: str) -> None:
     from infra.trainer.parallelize import init_distributed
 
     torch.set_num_threads(1)
     init_distributed(rank, 2, ADDR, port)
-    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1)
+    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1, variant=variant)
     torch.save({"metrics": metrics, "params": params}, f"{out}/b{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path):
-    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path, variant):
+    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path), variant)
     torch.set_num_threads(1)
-    ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4)
+    ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4, variant=variant)
+    keys = ["loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"]
+    if variant == "seq-sum-norm-tis-epochs":
+        keys += ["tis_weight_mean", "tis_weight_max", "tis_capped_frac"]
     for rank in range(2):
         got = torch.load(tmp_path / f"b{rank}.pt")
-        assert got["metrics"]["num_steps"] == 2
-        for key in ("loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"):
+        assert got["metrics"]["num_steps"] == 2 * VARIANTS[variant].get("ppo_epochs", 1)
+        for key in keys:
             assert got["metrics"][key] == pytest.approx(ref_metrics[key], abs=1e-5), key
         assert got["metrics"]["response_tokens"] == ref_metrics["response_tokens"]
         assert ref_metrics["grad_norm"] > ALG["grad_clip"]  # clipping was active: the norm must be global

@@ -100,3 +100,28 @@ def test_evaluate_reports_pass_at_k(engines, tmp_path):
 def test_multi_token_stop_is_refused(engines, tmp_path):
     with pytest.raises(ValueError, match="rollout.sampling.stop"):
         manager(engines, tmp_path, rollout={"sampling": {"stop": ["END"]}})
+
+
+def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
+    rollout = {
+        "prompts_per_rollout": 6,
+        "n_samples_per_prompt": 4,
+        "sampling": {"max_new_tokens": 3},
+        "dynamic_sampling": True,
+        "dynamic_sampling_max_rounds": 2,
+    }
+    m = manager(engines, tmp_path, rollout=rollout)
+    summary = m.generate(0)
+    samples = m.get_batch(0).samples
+    assert len(samples) == 24 and sorted({s.group for s in samples}) == list(range(6))
+    flat = sum(len({s.reward for s in samples if s.group == g}) == 1 for g in range(6))
+    # only groups taken to fill a batch still short after the extra rounds may be flat
+    assert flat == summary["dynamic_sampling_filled_groups"]
+    assert summary["zero_variance_group_frac"] == flat / 6
+    assert 1 <= summary["dynamic_sampling_rounds"] <= 3
+    for g in range(6):  # advantages are computed on the final groups
+        assert abs(sum(s.advantage for s in samples if s.group == g)) < 1e-6
+    # deterministic: a second manager draws the same rounds
+    again = manager(engines, tmp_path / "again", rollout=rollout)
+    again.generate(0)
+    assert [s.response_ids for s in again.get_batch(0).samples] == [s.response_ids for s in samples]
