@@ -159,9 +159,29 @@ class DataConfig(_Section):
         "builtin:digit-copy",
         description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split.",
     )
-    prompt_key: str = Field("prompt", description="Column holding the prompt text.")
+    prompt_key: str = Field(
+        "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."
+    )
     label_key: str = Field("label", description="Column holding the reference answer.")
     shuffle_seed: int = Field(7, description="Seed of the per-epoch prompt shuffle.")
+    apply_chat_template: bool = Field(
+        False,
+        description="Wrap text prompts in the tokenizer's chat template as a user turn, with the "
+        "generation prompt (instruct models). Prompts given as chat messages always use it.",
+    )
+    system_prompt: str | None = Field(
+        None, description="System message put first in templated prompts that have none of their own."
+    )
+    max_prompt_len: int | None = Field(
+        None,
+        ge=1,
+        description="Longest prompt in tokens (after templating); longer ones per overlong_prompt.",
+    )
+    overlong_prompt: Literal["drop", "truncate_left", "error"] = Field(
+        "drop",
+        description="A prompt over max_prompt_len: `drop` it (counted in the metrics as "
+        "prompts_dropped), keep its last max_prompt_len tokens, or stop the run.",
+    )
     reward: str = Field(
         "exact_match",
         description="A registered reward (exact_match, prefix_match, contains, numeric_match), "

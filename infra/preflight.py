@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
 from infra.data.rewards import REWARDS, resolve_reward
+from infra.data.templating import PromptFormatter
 from infra.storage.fs import RunStore
 from infra.storage.run_folder import clear_for_fresh_start, finished_message, refuse_if_used, resume_point
 
@@ -147,8 +148,21 @@ def check_lengths(cfg: RunConfig, tokenizer, positions: int | None, rows: dict[s
             f"rollout.sampling.max_new_tokens={new} leaves no room for a prompt: the model has "
             f"{positions} positions"
         )
+    d = cfg.data
+    if d.max_prompt_len is not None and d.max_prompt_len + new > positions:
+        raise PreflightError(
+            f"data.max_prompt_len={d.max_prompt_len} + rollout.sampling.max_new_tokens={new} exceeds the "
+            f"model's {positions} positions"
+        )
+    fmt = PromptFormatter(
+        tokenizer, d.apply_chat_template, d.system_prompt, d.max_prompt_len, d.overlong_prompt
+    )
     for name, table in rows.items():
-        lengths = [len(tokenizer.encode(r["prompt"], add_special_tokens=False)) for r in table]
+        try:
+            # as the engines will see them: templated, and dropped or cut at max_prompt_len
+            lengths = [len(ids) if (ids := fmt.ids(r["prompt"])) is not None else 0 for r in table]
+        except ValueError as e:
+            raise PreflightError(f"{name}: {e}") from e
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         if lengths[longest] + new > positions:
             raise PreflightError(

@@ -41,8 +41,20 @@ def load_rows(path: str, prompt_key: str, label_key: str, storage_options: dict)
                 raise ValueError(f"column {key!r} missing in {path} (row {i}); columns: {sorted(record)}")
             if _is_null(record[key]):
                 raise ValueError(f"column {key!r} is empty in {path} (row {i})")
-        rows.append({"prompt": str(record[prompt_key]), "label": str(record[label_key])})
+        rows.append({"prompt": _prompt(record[prompt_key], path, i), "label": str(record[label_key])})
     return rows
+
+
+def _prompt(value: object, path: str, row: int) -> str | list[dict]:
+    """Text, or chat messages kept as a list of {role, content} (parquet gives arrays)."""
+    if isinstance(value, str) or not hasattr(value, "__iter__") or isinstance(value, dict):
+        return str(value)
+    messages = [dict(m) for m in value if isinstance(m, dict)]
+    if len(messages) != len(list(value)) or any({"role", "content"} - set(m) for m in messages):
+        raise ValueError(
+            f"prompt in {path} (row {row}): a list prompt must hold messages with role and content"
+        )
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
 
 
 def _is_null(value: object) -> bool:

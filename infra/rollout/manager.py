@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from infra.config import RunConfig
 from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
+from infra.data.templating import PromptFormatter
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
@@ -43,6 +44,13 @@ class RolloutManager:
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
+        self.formatter = PromptFormatter(
+            self.tokenizer,
+            data.apply_chat_template,
+            data.system_prompt,
+            data.max_prompt_len,
+            data.overlong_prompt,
+        )
         self._batches: dict[int, RolloutBatch] = {}
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
@@ -83,7 +91,7 @@ class RolloutManager:
             "top_k": s.top_k,
             "stop_token_ids": self.stop_ids,
         }
-        prompt_ids = [self.tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
+        prompt_ids = [r["prompt_ids"] for r in rows]
         total = len(rows) * n
         per_engine = -(-len(rows) // len(self.engines)) * n  # whole groups per engine
         chunks = [range(i, min(i + per_engine, total)) for i in range(0, total, per_engine)]
@@ -105,7 +113,7 @@ class RolloutManager:
             finish = (meta.get("finish_reason") or {}).get("type", "")
             samples.append(
                 Sample(
-                    prompt=rows[g]["prompt"],
+                    prompt=rows[g]["prompt_text"],
                     label=rows[g]["label"],
                     response=self.tokenizer.decode(out["output_ids"], skip_special_tokens=True),
                     prompt_ids=prompt_ids[g],
@@ -119,6 +127,20 @@ class RolloutManager:
             )
         return samples
 
+    def _fit(self, rows: list[dict]) -> tuple[list[dict], int]:
+        """Rows with their prompt ids and the text the model sees; prompts over
+        data.max_prompt_len are dropped (and counted) or truncated, per data.overlong_prompt."""
+        fitted = []
+        for row in rows:
+            ids = self.formatter.ids(row["prompt"])
+            if ids is not None:
+                fitted.append({**row, "prompt_ids": ids, "prompt_text": self.formatter.text(row["prompt"])})
+        if not fitted:
+            raise ValueError(
+                f"data.max_prompt_len={self.cfg.data.max_prompt_len}: every prompt of the batch is longer"
+            )
+        return fitted, len(rows) - len(fitted)
+
     def generate(self, rollout_id: int) -> dict:
         """Roll out iteration `rollout_id`; a repeat call (a task retry) returns the same batch."""
         with self._lock:
@@ -127,7 +149,7 @@ class RolloutManager:
         t0 = time.monotonic()
         r = self.cfg.rollout
         seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
-        rows = self.source.batch(rollout_id)
+        rows, dropped = self._fit(self.source.batch(rollout_id))
         d = self.cfg.data
 
         def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
@@ -151,6 +173,7 @@ class RolloutManager:
         assign_advantages(samples, self.cfg.algorithm)
         uri = write_rollout(self.store, rollout_id, samples)
         check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
+        extra["prompts_dropped"] = dropped
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
 
     def _keep(
@@ -205,7 +228,7 @@ class RolloutManager:
     def evaluate(self, rollout_id: int) -> dict:
         t0 = time.monotonic()
         e = self.cfg.eval
-        rows = self.eval_rows[: e.num_prompts]
+        rows, _ = self._fit(self.eval_rows[: e.num_prompts])
         samples = self._sample(
             rows,
             e.n_samples,
