@@ -150,6 +150,15 @@ class RolloutConfig(_Section):
     )
 
 
+class RemoteRewardConfig(_Section):
+    batch_size: int = Field(
+        32, ge=1, description="Samples per request to a reward service (data.reward: http://...)."
+    )
+    concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    retries: int = Field(3, ge=0, description="Retries of a failed request (connection error, 5xx, timeout).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubled for every further retry.")
+
+
 class DataConfig(_Section):
     train_path: str = Field(
         "builtin:digit-copy",
@@ -184,9 +193,14 @@ class DataConfig(_Section):
     )
     reward: str = Field(
         "exact_match",
-        description="A registered reward (exact_match, prefix_match, contains, numeric_match), "
-        "`module:function` (the module importable by the flow and the Ray workers), or "
-        "`path/to/file.py:function`; signature (prompt, response, label, **kw) -> float; async allowed.",
+        description="A registered reward (exact_match, prefix_match, contains, numeric_match, gsm8k, "
+        "boxed_math, normalized_exact_match, f1), `module:function` (the module importable by the flow "
+        "and the Ray workers), `path/to/file.py:function`, or `http(s)://...` (a reward service, see "
+        "remote_reward). Signature (prompt, response, label, **kw) -> float, async allowed; functions "
+        "marked @group_reward/@batch_reward take lists (prompts, responses, labels) -> rewards.",
+    )
+    remote_reward: RemoteRewardConfig = Field(
+        default_factory=RemoteRewardConfig, description="Batching and retries of an HTTP reward service."
     )
     reward_timeout_s: float = Field(
         30.0,

@@ -77,9 +77,25 @@ def _rows(cfg: RunConfig, path: str, split: str) -> list[dict]:
     return load_rows(with_split(path, split), d.prompt_key, d.label_key, storage_options(cfg.storage))
 
 
+def _check_reachable(url: str) -> None:
+    """A reward service must at least accept connections (its API is only POST)."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except OSError as e:
+        raise PreflightError(f"data.reward: the reward service {url} does not accept connections: {e}") from e
+
+
 def check_reward(spec: str) -> None:
     """The reward imports here, and from where the Ray workers will look for it."""
     if spec in REWARDS:
+        return
+    if spec.startswith(("http://", "https://")):
+        _check_reachable(spec)
         return
     resolve_reward(spec)
     module_name = spec.rpartition(":")[0]

@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from infra.config import DataConfig
 from infra.data import graders
+from infra.data.group_rewards import batch_reward, group_reward, scope_of, score_lists
+
+__all__ = ["REWARDS", "batch_reward", "group_reward", "resolve_reward", "score"]
 
 RewardFn = Callable[..., float]
 
@@ -79,10 +83,16 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """A registered reward by name, or the function at `module:function` or `file.py:function`."""
+def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
+    """A registered reward by name, the function at `module:function` or `file.py:function`,
+    or a reward service at `http(s)://...` (batched and retried per `data.remote_reward`)."""
     if spec in REWARDS:
         return REWARDS[spec]
+    if spec.startswith(("http://", "https://")):
+        from infra.data.remote_reward import RemoteReward
+
+        data = data or DataConfig()
+        return RemoteReward(spec, data.remote_reward, data.reward_timeout_s)
     known = f"registered rewards: {', '.join(REWARDS)}; or give `module:function` or `file.py:function`"
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
@@ -142,11 +152,19 @@ class RewardTimeout(TimeoutError):
 
 
 def score(
-    fn: RewardFn, items: list[tuple[str, str, str]], timeout_s: float | None = None, **kw
+    fn: RewardFn,
+    items: list[tuple[str, str, str]],
+    timeout_s: float | None = None,
+    groups: list[int] | None = None,
+    **kw,
 ) -> list[RewardResult]:
     """Reward every (prompt, response, label); a failing item gets status "failed", reward 0
     and the error text, and the others are unaffected. With `timeout_s`, a call that runs
-    longer fails its item (its thread is abandoned: Python cannot stop a thread)."""
+    longer fails its item (its thread is abandoned: Python cannot stop a thread). A group
+    reward is called once per `groups` id, a batch reward once for all items."""
+    if scope_of(fn) != "sample":
+        values = score_lists(fn, items, groups or [0] * len(items), timeout_s, **kw)
+        return [_result(v) for v in values]
     if timeout_s is None:
         values = [_call(fn, item, kw) for item in items]
     else:

@@ -42,7 +42,7 @@ class RolloutManager:
         train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
         self.eval_rows = load_rows(with_split(data.eval_path, "eval"), data.prompt_key, data.label_key, opts)
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
-        self.reward_fn = resolve_reward(data.reward)
+        self.reward_fn = resolve_reward(data.reward, data)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
         self.formatter = PromptFormatter(
             self.tokenizer,

@@ -28,7 +28,8 @@ def score_samples(
     reward 0: one bad completion must not stop a training run (`check_failures` stops one
     where most do).
     """
-    results = score(reward_fn, [(s.prompt, s.response, s.label) for s in samples], timeout_s=timeout_s)
+    items = [(s.prompt, s.response, s.label) for s in samples]
+    results = score(reward_fn, items, timeout_s=timeout_s, groups=[s.group for s in samples])
     for s, res in zip(samples, results, strict=True):
         s.reward = res.reward
         if res.status == "failed":
