@@ -388,6 +388,25 @@ class CheckpointConfig(_Section):
         return self
 
 
+class EvalDataset(_Section):
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Short name; metrics are reported as `eval_<name>_reward_mean`, `eval_<name>_pass@k`.",
+    )
+    path: str = Field(description="jsonl/parquet (local or s3://) or `builtin:<task>` (its eval split).")
+    num_prompts: int | None = Field(
+        None, ge=1, description="Prompts per evaluation; default: eval.num_prompts."
+    )
+    n_samples: int | None = Field(None, ge=1, description="Samples per prompt; default: eval.n_samples.")
+    temperature: float | None = Field(
+        None, gt=0, description="Sampling temperature; default: eval.temperature."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Longest response; default: rollout.sampling.max_new_tokens."
+    )
+    reward: str | None = Field(None, description="Reward of this set (as data.reward); default: data.reward.")
+
+
 class EvalConfig(_Section):
     interval: int | None = Field(
         10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
@@ -396,12 +415,23 @@ class EvalConfig(_Section):
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(0.6, gt=0, description="Eval sampling temperature.")
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values of the reported pass@k.")
+    datasets: list[EvalDataset] = Field(
+        default_factory=list,
+        description="Several eval sets, each with its own settings and metrics. Empty: one set, "
+        "data.eval_path, reported as eval_reward_mean / eval_pass@k.",
+    )
 
     @model_validator(mode="after")
     def _k_fits(self) -> EvalConfig:
-        bad = [k for k in self.pass_k if k < 1 or k > self.n_samples]
-        if bad:
-            raise ValueError(f"eval.pass_k: {bad} must lie in 1..n_samples={self.n_samples}")
+        for where, n in [("eval.n_samples", self.n_samples)] + [
+            (f"eval.datasets[{d.name}].n_samples", d.n_samples) for d in self.datasets if d.n_samples
+        ]:
+            bad = [k for k in self.pass_k if k < 1 or k > n]
+            if bad:
+                raise ValueError(f"eval.pass_k: {bad} must lie in 1..{where}={n}")
+        names = [d.name for d in self.datasets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.datasets: names must be unique, got {names}")
         return self
 
 

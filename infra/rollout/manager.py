@@ -19,6 +19,7 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
 from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.eval_sets import EvalSet
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
@@ -40,7 +41,9 @@ class RolloutManager:
         self.engines = [EngineClient(u, cfg.rollout.request_timeout_s) for u in engine_urls]
         data = cfg.data
         train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
-        self.eval_rows = load_rows(with_split(data.eval_path, "eval"), data.prompt_key, data.label_key, opts)
+        self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
+            EvalSet.default(data, opts, self.cfg.eval)
+        ]
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward, data)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
@@ -74,7 +77,15 @@ class RolloutManager:
         return self.source.state(next_rollout_id)
 
     # -- generation ----------------------------------------------------------------------
-    def _sample(self, rows: list[dict], n: int, temperature: float, seed: int, rid: str) -> list[Sample]:
+    def _sample(
+        self,
+        rows: list[dict],
+        n: int,
+        temperature: float,
+        seed: int,
+        rid: str,
+        max_new_tokens: int | None = None,
+    ) -> list[Sample]:
         """Send prompt groups to the engines (contiguous chunks, one request each, in parallel).
 
         Every sample is its own input with its own rid (`{rid}-{index}`), so /abort_request
@@ -85,7 +96,7 @@ class RolloutManager:
         """
         s = self.cfg.rollout.sampling
         params = {
-            "max_new_tokens": s.max_new_tokens,
+            "max_new_tokens": max_new_tokens or s.max_new_tokens,
             "temperature": temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
@@ -226,23 +237,30 @@ class RolloutManager:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
+        """Every eval set; the first set's metrics also under the plain `eval_*` keys."""
         t0 = time.monotonic()
-        e = self.cfg.eval
-        rows, _ = self._fit(self.eval_rows[: e.num_prompts])
-        samples = self._sample(
-            rows,
-            e.n_samples,
-            e.temperature,
-            self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20,
-            f"eval{rollout_id}",
-        )
-        score_samples(samples, self.reward_fn, None, self.cfg.data.reward_timeout_s)
-        result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
-        for k in e.pass_k:
-            result[f"eval_pass@{k}"] = pass_at_k(samples, k)
+        result: dict = {}
+        for i, es in enumerate(self.eval_sets):
+            rows, _ = self._fit(es.rows)
+            samples = self._sample(
+                rows,
+                es.n_samples,
+                es.temperature,
+                self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20 + i * 2**16,
+                f"eval{rollout_id}-{es.name}",
+                es.max_new_tokens,
+            )
+            score_samples(samples, es.reward_fn or self.reward_fn, None, self.cfg.data.reward_timeout_s)
+            metrics = {"reward_mean": rollout_stats(samples)["reward_mean"], "num_samples": len(samples)}
+            for k in self.cfg.eval.pass_k:
+                metrics[f"pass@{k}"] = pass_at_k(samples, k)
+            prefixes = ["eval_"] if es.name == "" else [f"eval_{es.name}_"] + (["eval_"] if i == 0 else [])
+            for prefix in prefixes:
+                result.update({f"{prefix}{key}": value for key, value in metrics.items()})
+            if i == 0:
+                result["examples"] = [
+                    {"prompt": s.prompt, "response": s.response, "label": s.label, "reward": s.reward}
+                    for s in samples[:: max(1, es.n_samples)][:5]
+                ]
         result["time_eval_s"] = time.monotonic() - t0
-        result["examples"] = [
-            {"prompt": s.prompt, "response": s.response, "label": s.label, "reward": s.reward}
-            for s in samples[:: max(1, e.n_samples)][:5]
-        ]
         return result

@@ -100,3 +100,43 @@ def test_truncate_left_keeps_the_end_of_long_prompts(engine, tmp_path) -> None:
     assert m.generate(0)["prompts_dropped"] == 0
     lengths = sorted(len(s.prompt_ids) for s in m.get_batch(0).samples)
     assert lengths[-1] == 30 and lengths[0] < 30
+
+
+def test_several_eval_sets_each_with_its_settings(engine, tmp_path) -> None:
+    model, url = engine
+    data = _data(tmp_path)
+    cfg = RunConfig.model_validate(
+        {
+            "rollout": {
+                "prompts_per_rollout": 4,
+                "n_samples_per_prompt": 2,
+                "sampling": {"max_new_tokens": 1},
+            },
+            "storage": {"uri": str(tmp_path / "runs")},
+            "data": {"train_path": data, "eval_path": data},
+            "cluster": {"engines": {"num_workers": 1}},
+            "eval": {
+                "pass_k": [1],
+                "datasets": [
+                    {"name": "copy", "path": "builtin:digit-copy", "n_samples": 3, "num_prompts": 4},
+                    {"name": "chat", "path": data, "n_samples": 1, "max_new_tokens": 4, "reward": "contains"},
+                ],
+            },
+        }
+    )
+    m = RolloutManager(cfg, [url], model)
+    result = m.evaluate(0)
+    assert result["eval_copy_num_samples"] == 4 * 3
+    assert result["eval_chat_num_samples"] == 4 * 1
+    # the first set is also the headline eval metric the artifacts plot
+    assert result["eval_reward_mean"] == result["eval_copy_reward_mean"]
+    assert {"eval_copy_pass@1", "eval_chat_pass@1", "time_eval_s", "examples"} <= set(result)
+    with pytest.raises(ValueError, match="eval.pass_k.*eval.datasets\\[copy\\].n_samples=1"):
+        RunConfig.model_validate(
+            {
+                "eval": {
+                    "pass_k": [2],
+                    "datasets": [{"name": "copy", "path": "builtin:digit-copy", "n_samples": 1}],
+                }
+            }
+        )
