@@ -39,6 +39,7 @@ class EngineActor:
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
             python=self.cfg.rollout.sglang_python,
+            tp_size=self.cfg.rollout.tp_size,
         )
         self.url = f"http://{host}:{port}"
         wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)

@@ -27,3 +27,9 @@ def test_sglang_python_is_for_sglang_engines_only():
     assert cfg.rollout.sglang_python == "/opt/sglang-env/bin/python"
     with pytest.raises(ValidationError, match="rollout.sglang_python"):
         RunConfig.model_validate({"rollout": {"sglang_python": "/opt/sglang-env/bin/python"}})
+
+
+def test_tensor_parallel_engines_launch_with_their_tp_size() -> None:
+    cmd = engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {}, tp_size=2)
+    assert cmd[cmd.index("--tp-size") + 1] == "2"
+    assert "--tp-size" not in engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {})
