@@ -44,6 +44,11 @@ def preflight(cfg: RunConfig) -> Preflight:
         "data.train_path": _check("data.train_path", lambda: _rows(cfg, cfg.data.train_path, "train")),
         "data.eval_path": _check("data.eval_path", lambda: _rows(cfg, cfg.data.eval_path, "eval")),
     }
+    for d in cfg.eval.datasets:
+        where = f"eval.datasets[{d.name}]"
+        rows[f"{where}.path"] = _check(f"{where}.path", lambda d=d: _rows(cfg, d.path, "eval"))
+        if d.reward:
+            _check(f"{where}.reward", lambda d=d: check_reward(d.reward))
     tokenizer, positions = _check("model.path", lambda: load_tokenizer(cfg, store))
     if tokenizer is not None:
         check_stop_tokens(cfg, tokenizer)
