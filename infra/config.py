@@ -338,13 +338,18 @@ class CriticConfig(_Section):
 class WeightSyncConfig(_Section):
     method: Literal["broadcast", "disk"] = Field(
         "broadcast",
-        description="`broadcast`: a weight-update group (gloo on CPU, nccl on GPU). "
-        "`disk`: engines reload the HF export with /update_weights_from_disk.",
+        description="`broadcast`: trainer rank 0 broadcasts over a weight-update group with every engine "
+        "rank (gloo on CPU, nccl on GPU), in the engines' dtype. `disk`: the trainer exports an HF directory "
+        "per version to the run's storage (local or s3://); each engine's actor copies it to its node and "
+        "loads it with /update_weights_from_disk; older versions are deleted.",
     )
     bucket_size_mb: float = Field(64, gt=0, description="Parameters gathered and sent per bucket, in MiB.")
     check_weight_update_equal: bool = Field(
         False,
-        description="After each sync, compare every engine tensor with the trainer's and fail on mismatch.",
+        description="After each sync, compare the leading 100 rows of every tensor (what /get_weights_by_name "
+        "returns) on every engine with the trainer's, in the engine's dtype; report the real max_abs_diff "
+        "and fail naming the tensor and engine on a mismatch. Few SGLang model classes implement "
+        "/get_weights_by_name (Llama does).",
     )
 
 

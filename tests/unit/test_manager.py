@@ -30,7 +30,7 @@ def engines(tmp_path_factory):
             procs.append(launch_engine("torch", str(model), "127.0.0.1", port, seed=i, threads=1))
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs, strict=True):
-            wait_until_healthy(url, proc, 60)
+            wait_until_healthy(url, proc, 180)  # a loaded CI machine starts servers slowly
         yield str(model), urls
     finally:
         for proc in procs:
@@ -88,6 +88,20 @@ def test_rollouts_are_deterministic_per_rollout_id(engines, tmp_path):
     assert [s.prompt for s in a.get_batch(4).samples] != [s.prompt for s in a.get_batch(3).samples]
     a.release(3)
     assert not a.has_batch(3)
+
+
+def test_each_sample_has_its_own_seed_and_rid(engines, tmp_path):
+    """A sample depends on its own seed only: the same rollout on one engine or split over
+    two is identical, and the copies of a group are not one seed's repeats."""
+    model, urls = engines
+    two = manager(engines, tmp_path / "two")
+    one = manager((model, urls[:1]), tmp_path / "one", cluster={"engines": {"num_workers": 1}})
+    two.generate(5)
+    one.generate(5)
+    samples = two.get_batch(5).samples
+    assert [s.response_ids for s in samples] == [s.response_ids for s in one.get_batch(5).samples]
+    groups = [[tuple(s.response_ids) for s in samples if s.group == g] for g in range(6)]
+    assert sum(len(set(g)) > 1 for g in groups) >= 4  # near-uniform tiny model: copies differ
 
 
 def test_evaluate_reports_pass_at_k(engines, tmp_path):

@@ -137,3 +137,13 @@ def test_per_row_generators_make_rows_independent_of_their_batch(model):
     alone = seeded([PROMPTS[0]], [2])
     assert both[1].output_ids == alone[0].output_ids
     assert both[0].output_ids != both[1].output_ids  # same prompt, own seeds: the copies differ
+
+
+def test_per_row_draws_follow_the_distribution():
+    from infra.rollout.sampling import _draw
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(20000, 1)
+    tokens = _draw(probs, [torch.Generator().manual_seed(i) for i in range(len(probs))])
+    freq = torch.bincount(tokens, minlength=5).double() / len(tokens)
+    assert freq[1] == 0 and freq[4] == 0  # zero-probability tokens never come out
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)
