@@ -144,7 +144,9 @@ def check_limits(req: GenerateReq, prompts: list[list[int]], max_positions: int 
         return
     longest = max(len(p) for p in prompts)
     if longest >= max_positions:
-        raise BadRequest(f"input_ids: a prompt of {longest} tokens fills the model's {max_positions} positions")
+        raise BadRequest(
+            f"input_ids: a prompt of {longest} tokens fills the model's {max_positions} positions"
+        )
     if longest + sp.max_new_tokens > max_positions:
         raise BadRequest(
             f"sampling_params.max_new_tokens: {sp.max_new_tokens} new tokens after a prompt of {longest} "

@@ -223,7 +223,8 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
         stalled = progress.stalled_for()
         if stalled > stall_s:
             return JSONResponse(
-                {"status": "stalled", "message": f"no generation progress for {stalled:.0f} s"}, status_code=503
+                {"status": "stalled", "message": f"no generation progress for {stalled:.0f} s"},
+                status_code=503,
             )
         return {"status": "ok"}
 
