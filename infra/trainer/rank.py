@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -22,7 +21,7 @@ from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.rollout.client import EngineClient
-from infra.storage.dcp_io import checkpoint_reader, checkpoint_writer
+from infra.storage.dcp_io import load_state, save_state
 from infra.storage.fs import upload_dir
 from infra.trainer.parallelize import init_distributed, parallelize
 from infra.trainer.step import train_on_batch
@@ -207,11 +206,11 @@ class TrainerRank:
         }
 
     def save_checkpoint(self, path: str, storage_options: dict) -> None:
-        dcp.save(self._dcp_state(), storage_writer=checkpoint_writer(path, storage_options))
+        save_state(self._dcp_state(), path, storage_options)
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
-        dcp.load(state, storage_reader=checkpoint_reader(path, storage_options))
+        load_state(state, path, storage_options)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )

@@ -61,6 +61,7 @@ async def _task_run_names(flow_run_id) -> list[str]:
     return sorted(r.name for r in runs)
 
 
+@pytest.mark.timeout(1800)  # three flow runs; minutes each on a loaded 2-core machine
 def test_rerun_never_refuses_fresh_restarts_auto_sees_finished(prefect_api, tmp_path):
     first = train(config(tmp_path), return_state=True)
     assert first.is_completed(), first.message
@@ -88,6 +89,7 @@ def test_rerun_never_refuses_fresh_restarts_auto_sees_finished(prefect_api, tmp_
     assert engine_server_pids() == []
 
 
+@pytest.mark.timeout(1200)
 def test_hanging_reward_times_out_and_stops_the_run(prefect_api, tmp_path):
     cfg = config(
         tmp_path,
