@@ -203,3 +203,11 @@ def test_resume_spec_is_validated():
         RunConfig.model_validate({"checkpoint": {"resume": good}})
     with pytest.raises(ValueError, match="checkpoint.resume: 'sometimes'"):
         RunConfig.model_validate({"checkpoint": {"resume": "sometimes"}})
+
+
+def test_oversubscribed_local_cluster_is_reported(tmp_path):
+    many = os.cpu_count() + 1
+    result = preflight(
+        cfg(tmp_path, cluster__trainer__num_workers=many, algorithm__global_batch_size=many * 64)
+    )
+    assert any(f"{many} trainer ranks" in w and "cores" in w for w in result.warnings)
