@@ -5,6 +5,7 @@ check that turns 503 when generation stops making progress."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -220,3 +221,36 @@ def test_server_refuses_hub_downloads():
     src = (Path(__file__).resolve().parents[2] / "infra" / "rollout" / "server.py").read_text()
     # the switch is set before any model is loaded
     assert src.index('os.environ["HF_HUB_OFFLINE"] = "1"') < src.index("state = EngineState(")
+
+
+def test_hung_group_joins_do_not_starve_generation(server):
+    """Weight-group joins to a port where nobody listens block for the group timeout; they
+    run on other threads than generation, so /generate and /health keep answering."""
+    closed = free_port()
+    body = {"master_address": "127.0.0.1", "master_port": closed, "rank_offset": 1, "world_size": 2}
+    joins = [
+        threading.Thread(
+            target=lambda i=i: _quietly(
+                lambda: httpx.post(
+                    f"{server}/init_weights_update_group",
+                    json={**body, "group_name": f"g{i}"},
+                    headers=AUTH,
+                    timeout=3,
+                )
+            ),
+            daemon=True,
+        )
+        for i in range(12)
+    ]
+    for t in joins:
+        t.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    assert post(server, ok_body(), timeout=30).status_code == 200
+    assert time.monotonic() - t0 < 20
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+
+
+def _quietly(fn) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        fn()
