@@ -48,6 +48,8 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     log = get_run_logger()
     # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
     checked = preflight(config)
+    for warning in checked.warnings:
+        log.warning(warning)
     if checked.finished:
         log.info(checked.finished)
         return {"final": {}, "finished": checked.finished}

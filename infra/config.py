@@ -166,7 +166,8 @@ class DataConfig(_Section):
     )
     eval_path: str = Field(
         "builtin:digit-copy",
-        description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split.",
+        description="Evaluation prompts, same formats. `builtin:digit-add` holds out prompts it never "
+        "trains on; `builtin:digit-copy` has too few and evaluates on its training prompts.",
     )
     prompt_key: str = Field(
         "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."

@@ -35,6 +35,7 @@ class PreflightError(ValueError):
 class Preflight:
     finished: str | None = None  # why there is nothing to do, for a resumed finished run
     cleared: list[str] = field(default_factory=list)  # what resume=fresh deleted
+    warnings: list[str] = field(default_factory=list)  # legal but likely slow or wrong
 
 
 def preflight(cfg: RunConfig) -> Preflight:
@@ -56,7 +57,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     _check("storage.uri", lambda: check_writable(store))
     _check("checkpoint.resume", lambda: refuse_if_used(cfg, store))
     point = _check("checkpoint.resume", lambda: resume_point(cfg, store))
-    result = Preflight(finished=finished_message(cfg, point))
+    result = Preflight(finished=finished_message(cfg, point), warnings=oversubscription(cfg))
     if cfg.checkpoint.resume == "fresh":
         result.cleared = clear_for_fresh_start(store)
         if result.cleared:
@@ -190,6 +191,23 @@ def check_lengths(cfg: RunConfig, tokenizer, positions: int | None, rows: dict[s
                 f"{name}: row {longest} has a prompt of {lengths[longest]} tokens; with "
                 f"rollout.sampling.max_new_tokens={new} it exceeds the model's {positions} positions"
             )
+
+
+def oversubscription(cfg: RunConfig) -> list[str]:
+    """A local cluster asking for more CPUs than the machine has runs, but its processes
+    thrash (contended steps measured 10-20x slower); say so rather than stay silent."""
+    if cfg.cluster.ray_address:
+        return []
+    c = cfg.cluster
+    wanted = c.trainer.num_workers * c.threads_per_worker + c.engines.num_workers * c.threads_per_worker
+    have = os.cpu_count() or 1
+    if wanted <= have:
+        return []
+    return [
+        f"cluster: {c.trainer.num_workers} trainer ranks and {c.engines.num_workers} engines x "
+        f"threads_per_worker={c.threads_per_worker} want {wanted} cores; this machine has {have}, "
+        "so they share cores and run slower"
+    ]
 
 
 def check_writable(store: RunStore) -> None:

@@ -7,10 +7,19 @@ rollout manager generates from a thread pool, so no connection state is shared.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import httpx
+
+# The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
+API_KEY_ENV = "PRL_ENGINE_API_KEY"
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class EngineError(RuntimeError):
@@ -29,7 +38,7 @@ class EngineClient:
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
         try:
             with httpx.Client(timeout=timeout_s or self.timeout_s) as http:
-                resp = http.request(method, f"{self.url}{path}", json=body)
+                resp = http.request(method, f"{self.url}{path}", json=body, headers=_headers())
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
         try:
@@ -45,7 +54,7 @@ class EngineClient:
     def health(self) -> bool:
         try:
             with httpx.Client(timeout=5) as http:
-                return http.get(f"{self.url}/health").status_code == 200
+                return http.get(f"{self.url}/health", headers=_headers()).status_code == 200
         except httpx.HTTPError:
             return False
 

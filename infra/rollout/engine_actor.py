@@ -60,3 +60,6 @@ class EngineActor:
         if self.proc is not None:
             stop_engine(self.proc)
             self.proc = None
+        # the log served start-up errors (quoted in them); a stopped engine leaves nothing behind
+        if os.path.exists(self.log_path):
+            os.remove(self.log_path)

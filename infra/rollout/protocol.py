@@ -36,9 +36,9 @@ class SamplingParams(_Body):
     stop_token_ids: list[int] | None = None
     # single-token strings only: the engine matches tokens, not text
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=1024)
     ignore_eos: bool = False
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(None, ge=0, le=2**63 - 1)
     # these two shape only `text`, as in SGLang
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -140,6 +140,31 @@ def prompts_of(
         if not all(0 <= t < vocab_size for t in prompt):
             raise BadRequest(f"input_ids: token ids must lie in [0, {vocab_size})")
     return prompts, single
+
+
+# Sequences one /generate may ask for (inputs x n): one batch holds them all in memory.
+MAX_SEQUENCES = 4096
+
+
+def check_limits(sp: SamplingParams, n: int, prompts: list[list[int]], max_positions: int | None) -> None:
+    """Refuse a request the model cannot serve (rather than fail mid-decode with a 500, or
+    decode for hours): every prompt plus max_new_tokens within the model's positions."""
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise BadRequest(
+            f"sampling_params.n: {len(prompts)} inputs x n={n} exceeds {MAX_SEQUENCES} sequences per request"
+        )
+    if max_positions is None:
+        return
+    longest = max(len(p) for p in prompts)
+    if longest >= max_positions:
+        raise BadRequest(
+            f"input_ids: a prompt of {longest} tokens fills the model's {max_positions} positions"
+        )
+    if longest + sp.max_new_tokens > max_positions:
+        raise BadRequest(
+            f"sampling_params.max_new_tokens: {sp.max_new_tokens} new tokens after a prompt of {longest} "
+            f"exceed the model's {max_positions} positions"
+        )
 
 
 def sampling_params_of(req: GenerateReq, num_inputs: int) -> list[SamplingParams]:

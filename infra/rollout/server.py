@@ -4,6 +4,12 @@ same against this server and against `sglang.launch_server` on GPUs.
 
     python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
 
+It binds loopback unless told otherwise, reads models from local paths only (the hub is
+switched off), and with an API key (env PRL_ENGINE_API_KEY, SGLang's `--api-key` scheme:
+`Authorization: Bearer <key>`) answers only requests that carry it. A request the model
+cannot serve (too long, too many sequences) gets a 400 naming the field; a client that
+hangs up cancels its generation; /health turns 503 when generation stops making progress.
+
 SGLang's `update_weights_from_tensor` is deliberately absent: its payload is pickled, and
 this server never unpickles anything that arrives over the network. Weights come by
 broadcast over a weight-update group or from an HF directory on disk.
@@ -13,7 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import hmac
+import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from fastapi import FastAPI, Request
@@ -25,15 +36,91 @@ from infra.rollout import protocol as p
 from infra.rollout.engine_state import EngineState
 from infra.rollout.protocol import BadRequest
 
+API_KEY_ENV = "PRL_ENGINE_API_KEY"
+# Paths a health probe reaches without the key (as in SGLang).
+_OPEN_PATHS = ("/health", "/health_generate")
 
-def _fail(message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=400)
+
+def _fail(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
-def create_app(state: EngineState) -> FastAPI:
+class _Progress:
+    """When generation last moved: a decode step, or the end of a batch. /health reads it."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def stalled_for(self) -> float:
+        return time.monotonic() - self.last if self.active else 0.0
+
+
+class _BeatingFlag:
+    """The abort flag as the decode loop sees it: each check (once per step) is a heartbeat."""
+
+    def __init__(self, flag: threading.Event, progress: _Progress) -> None:
+        self.flag, self.progress = flag, progress
+
+    def is_set(self) -> bool:
+        self.progress.beat()
+        return self.flag.is_set()
+
+
+class _RequireKey:
+    """Plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconnects
+    from the handlers): every path but the health probes needs `Authorization: Bearer <key>`."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = "unauthorized: this engine needs its run's API key (Authorization: Bearer)"
+                await _fail(message, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 120.0) -> FastAPI:
     app = FastAPI(title="prefect-rl built-in engine")
     running = asyncio.Event()  # cleared by /pause_generation: new requests wait
     running.set()
+    # Generation has its own threads: weight-group joins blocked on absent peers (which
+    # use the default pool) can never starve it.
+    gen_pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
+    progress = _Progress()
+    max_positions = getattr(state.model.config, "max_position_embeddings", None)
+
+    async def _generate_in_pool(batch, params, seed, flags: list[threading.Event], request: Request | None):
+        with progress.lock:
+            if not progress.active:
+                progress.beat()
+            progress.active += 1
+        try:
+            beating = [_BeatingFlag(flag, progress) for flag in flags]
+            call = functools.partial(state.generate, batch, params, seed, beating)
+            task = asyncio.get_running_loop().run_in_executor(gen_pool, call)
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if request is not None and await request.is_disconnected():
+                    for flag in flags:  # the client is gone: the decode loop ends at its next step
+                        flag.set()
+        finally:
+            with progress.lock:
+                progress.active -= 1
+                progress.beat()
+
+    if api_key:
+        app.add_middleware(_RequireKey, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -48,13 +135,18 @@ def create_app(state: EngineState) -> FastAPI:
         # e.g. a weight-update group that timed out: the caller gets the reason, not a bare 500
         return JSONResponse({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _fail(f"internal error: {type(exc).__name__}: {exc}", 500)
+
     @app.post("/generate")
-    async def generate(req: p.GenerateReq):
+    async def generate(req: p.GenerateReq, request: Request):
         if req.stream:
             raise BadRequest("stream: streaming is not supported by the built-in engine")
         prompts, single = p.prompts_of(req, state.tokenizer, state.model.config.vocab_size)
         sps = p.sampling_params_of(req, len(prompts))
         sp, n = p.shared_params(sps), sps[0].n
+        p.check_limits(sp, n, prompts, max_positions)
         rids = p.rids_of(req.rid, len(prompts), n, single)
         params = {
             "max_new_tokens": sp.max_new_tokens,
@@ -71,7 +163,7 @@ def create_app(state: EngineState) -> FastAPI:
         try:
             await running.wait()
             batch = [prompt for prompt, _ in rows]
-            outs, version = await asyncio.to_thread(state.generate, batch, params, seeds, flags)
+            outs, version = await _generate_in_pool(batch, params, seeds, flags, request)
         finally:
             state.unregister(rids, flags)
         replies = [
@@ -155,13 +247,19 @@ def create_app(state: EngineState) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        stalled = progress.stalled_for()
+        if stalled > stall_s:
+            return JSONResponse(
+                {"status": "stalled", "message": f"no generation progress for {stalled:.0f} s"},
+                status_code=503,
+            )
         return {"status": "ok"}
 
     @app.get("/health_generate")
     async def health_generate():
         prompt = [state.tokenizer.bos_token_id or 0]
         # its own seed, so health probes do not shift the server's sampling stream
-        await asyncio.to_thread(state.generate, [prompt], {"max_new_tokens": 1}, 0, [threading.Event()])
+        await _generate_in_pool([prompt], {"max_new_tokens": 1}, 0, [threading.Event()], None)
         return {"status": "ok"}
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
@@ -205,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--health-stall-s", type=float, default=120.0)
     parser.add_argument(
         "--weight-update-session",
         choices=["on", "off"],
@@ -213,17 +312,16 @@ def main(argv: list[str] | None = None) -> None:
         "... /end_weight_update); off: speak SGLang 0.5.16 (no such routes)",
     )
     args = parser.parse_args(argv)
+    # Models come from local paths only: a hub name must fail at once, never download.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
     torch.set_num_threads(args.threads)
+    api_key = os.environ.pop(API_KEY_ENV, None)  # from the environment: argv is visible to `ps`
     state = EngineState(args.model_path, args.seed, args.weight_version, args.weight_update_session == "on")
+    app = create_app(state, api_key=api_key, stall_s=args.health_stall_s)
     try:
         # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
-        uvicorn.run(
-            create_app(state),
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            timeout_graceful_shutdown=2,
-        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
     finally:
         state.offload.discard()  # a released model's copy on disk
 

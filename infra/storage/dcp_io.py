@@ -5,6 +5,11 @@ that into CreateBucket when the bucket does not answer as existing (deleted, or 
 endpoint down), and a training run must never create a bucket. S3 has no folders, so
 here `mkdir` does nothing on object stores. Retrying a DCP save is the save task's job:
 the save is collective over the ranks and is redone whole (see infra/handles.py).
+
+DCP reports a failed write as `CheckpointException`, a BaseException that Ray and
+Prefect would treat as a crash; `save_state`/`load_state` raise the first rank's error
+as an ordinary exception instead, so a save task retries transient storage faults and
+fails at once on deterministic ones (a missing bucket).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import torch.distributed.checkpoint as dcp
 # torch keeps its fsspec storage in a private module; it is the documented way to write
 # DCP checkpoints to object stores.
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+from infra.storage.retry import StorageUnavailable, is_transient
 
 
 class _NoBucketFileSystem(FileSystem):
@@ -43,3 +51,31 @@ def checkpoint_reader(path: str, storage_options: dict):
     if "://" in path:
         return _no_bucket_creation(FsspecReader(path, **storage_options))
     return dcp.FileSystemReader(path)
+
+
+def _plain_error(exc: CheckpointException, what: str) -> Exception:
+    failures = list(exc.failures.values())
+    first = failures[0][0] if failures and isinstance(failures[0], tuple) else None
+    if not isinstance(first, Exception):
+        return RuntimeError(f"{what}: {exc}")
+    message = f"{what}: {type(first).__name__}: {first}"
+    if is_transient(first):
+        return StorageUnavailable(message)
+    for kind in (FileNotFoundError, PermissionError, ValueError, OSError):
+        if isinstance(first, kind):
+            return kind(message)  # the same kind, so retry rules (infra/errors.py) still apply
+    return RuntimeError(message)
+
+
+def save_state(state: dict, path: str, storage_options: dict) -> None:
+    try:
+        dcp.save(state, storage_writer=checkpoint_writer(path, storage_options))
+    except CheckpointException as exc:
+        raise _plain_error(exc, f"checkpoint write to {path}") from None
+
+
+def load_state(state: dict, path: str, storage_options: dict) -> None:
+    try:
+        dcp.load(state, storage_reader=checkpoint_reader(path, storage_options))
+    except CheckpointException as exc:
+        raise _plain_error(exc, f"checkpoint read from {path}") from None

@@ -10,7 +10,6 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -24,7 +23,7 @@ from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
-from infra.storage.dcp_io import checkpoint_reader, checkpoint_writer
+from infra.storage.dcp_io import load_state, save_state
 from infra.storage.fs import upload_dir
 from infra.trainer.guard import assert_finite_state
 from infra.trainer.lr_schedule import lr_factor
@@ -178,11 +177,11 @@ class TrainerRank:
 
     def save_checkpoint(self, path: str, storage_options: dict) -> None:
         assert_finite_state(self.model, self.optimizer, self.world_size)
-        dcp.save(self._dcp_state(), storage_writer=checkpoint_writer(path, storage_options))
+        save_state(self._dcp_state(), path, storage_options)
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
-        dcp.load(state, storage_reader=checkpoint_reader(path, storage_options))
+        load_state(state, path, storage_options)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )

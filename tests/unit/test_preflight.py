@@ -203,3 +203,12 @@ def test_resume_spec_is_validated():
         RunConfig.model_validate({"checkpoint": {"resume": good}})
     with pytest.raises(ValueError, match="checkpoint.resume: 'sometimes'"):
         RunConfig.model_validate({"checkpoint": {"resume": "sometimes"}})
+
+
+def test_oversubscribed_local_cluster_is_reported(tmp_path):
+    many = os.cpu_count() + 1
+    result = preflight(cfg(tmp_path, cluster__engines__num_workers=many))
+    assert any(f"{many} engines" in w and "cores" in w for w in result.warnings), result.warnings
+    assert (
+        preflight(cfg(tmp_path, cluster__ray_address="auto")).warnings == []
+    )  # a real cluster: its business
