@@ -136,7 +136,7 @@ class RolloutManager:
                 seed + 7919 * round_,
                 f"r{rollout_id}{suffix}",
             )
-            score_samples(out, self.reward_fn, None)
+            score_samples(out, self.reward_fn, normalize_std=False)  # advantages: below, per estimator
             return out
 
         extra: dict = {}
@@ -205,7 +205,7 @@ class RolloutManager:
         samples = self._sample(
             rows, e.n_samples, e.temperature, self.cfg.rollout.seed + 7, f"eval{rollout_id}"
         )
-        score_samples(samples, self.reward_fn, None)
+        score_samples(samples, self.reward_fn, normalize_std=False)
         result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
         for k in e.pass_k:
             result[f"eval_pass@{k}"] = pass_at_k(samples, k)

@@ -9,11 +9,11 @@ from math import comb
 from infra.config import AlgorithmConfig
 from infra.data.rewards import score
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import compute_advantages, zero_variance_groups
+from infra.trainer.advantages import compute_advantages, grpo_advantages, zero_variance_groups
 
 
-def score_samples(samples: list[Sample], reward_fn: Callable, algorithm: AlgorithmConfig | None) -> None:
-    """Fill reward, status and (with `algorithm`) advantage in place.
+def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: bool) -> None:
+    """Fill reward, status and advantage in place.
 
     A reward that raises marks only its sample `failed` with reward 0: one bad completion
     must not stop a training run.
@@ -23,8 +23,9 @@ def score_samples(samples: list[Sample], reward_fn: Callable, algorithm: Algorit
         s.reward = res.reward
         if res.status == "failed":
             s.status, s.error = "failed", res.error
-    if algorithm is not None:
-        assign_advantages(samples, algorithm)
+    advantages = grpo_advantages([s.reward for s in samples], [s.group for s in samples], normalize_std)
+    for s, a in zip(samples, advantages, strict=True):
+        s.advantage = a
 
 
 def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None:
