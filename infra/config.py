@@ -247,14 +247,13 @@ class AlgorithmConfig(_Section):
         description="`grpo`: group-centred rewards (/ group std if normalize_advantage_std). `dr_grpo`: "
         "group-centred, no std, length-normalised loss. `rloo`: leave-one-out baseline. "
         "`reinforce_plus_plus`: rewards whitened over the batch's tokens; `_baseline`: group-centred "
-        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo`: GAE with a critic.",
+        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo` (GAE with a critic) is "
+        "not implemented yet and is refused.",
     )
     normalize_advantage_std: bool = Field(
         True, description="grpo/gspo: divide group-centred rewards by the group std (+1e-6)."
     )
     unbiased_std: bool = Field(True, description="grpo/gspo: the group std divides by n - 1 (false: by n).")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount of rewards (ppo: GAE).")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo).")
     loss_agg_mode: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
     ) = Field(
@@ -312,10 +311,6 @@ class AlgorithmConfig(_Section):
             raise ValueError(
                 f"algorithm.loss_agg_mode={self.loss_agg_mode}: gspo's ratio is one per sequence and its "
                 "objective a mean over sequences; use seq-mean-token-mean (or leave it empty)"
-            )
-        if est.startswith("reinforce_plus_plus") and self.gamma != 1.0:
-            raise ValueError(
-                f"algorithm.gamma={self.gamma}: {est} here takes outcome rewards with gamma = 1 only"
             )
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0")

@@ -105,7 +105,6 @@ def test_shipped_configs_parse():
     [
         ({"algorithm": {"advantage_estimator": "ppo"}}, "critic.enabled"),
         ({"algorithm": {"advantage_estimator": "gspo", "loss_agg_mode": "token-mean"}}, "loss_agg_mode"),
-        ({"algorithm": {"advantage_estimator": "reinforce_plus_plus", "gamma": 0.9}}, "algorithm.gamma"),
         ({"algorithm": {"kl_in_reward": True}}, "kl_coef"),
         ({"rollout": {"n_samples_per_prompt": 1}}, "n_samples_per_prompt"),
         (
