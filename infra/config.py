@@ -138,6 +138,12 @@ class RolloutConfig(_Section):
         "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: this "
         "process's interpreter.",
     )
+    generate_fn: str | None = Field(
+        None,
+        description="A custom rollout function `module:function` or `file.py:function` (multi-turn, "
+        "tool use): given a prompt group and an engine client, it returns trajectories with per-token "
+        "loss masks (0 on tokens the environment wrote). Empty: single-turn sampling.",
+    )
     dynamic_sampling: bool = Field(
         False,
         description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample the same "

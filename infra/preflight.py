@@ -41,6 +41,10 @@ class Preflight:
 def preflight(cfg: RunConfig) -> Preflight:
     store = RunStore(cfg.storage, cfg.run_name)
     _check("data.reward", lambda: check_reward(cfg.data.reward))
+    if cfg.rollout.generate_fn:
+        from infra.rollout.custom import resolve_generate_fn
+
+        _check("rollout.generate_fn", lambda: resolve_generate_fn(cfg.rollout.generate_fn))
     rows = {
         "data.train_path": _check("data.train_path", lambda: _rows(cfg, cfg.data.train_path, "train")),
         "data.eval_path": _check("data.eval_path", lambda: _rows(cfg, cfg.data.eval_path, "eval")),

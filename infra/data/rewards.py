@@ -98,7 +98,7 @@ def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
     if not sep or not module_name or not attr:
         raise ValueError(f"unknown reward {spec!r}; {known}")
     try:
-        obj = _load_module(module_name)
+        obj = load_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError, OSError, SyntaxError) as e:
@@ -108,7 +108,7 @@ def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
     return obj
 
 
-def _load_module(name: str):
+def load_module(name: str):
     if not name.endswith(".py"):
         return importlib.import_module(name)
     # A plug-in file: loaded by path in every process (the driver and the Ray workers), so

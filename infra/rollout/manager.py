@@ -18,6 +18,7 @@ from infra.data.templating import PromptFormatter
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
+from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
@@ -47,6 +48,7 @@ class RolloutManager:
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward, data)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
+        self.generate_fn = resolve_generate_fn(cfg.rollout.generate_fn) if cfg.rollout.generate_fn else None
         self.formatter = PromptFormatter(
             self.tokenizer,
             data.apply_chat_template,
@@ -102,6 +104,8 @@ class RolloutManager:
             "top_k": s.top_k,
             "stop_token_ids": self.stop_ids,
         }
+        if self.generate_fn is not None:
+            return self._sample_custom(rows, n, params, seed, rid)
         prompt_ids = [r["prompt_ids"] for r in rows]
         total = len(rows) * n
         per_engine = -(-len(rows) // len(self.engines)) * n  # whole groups per engine
@@ -137,6 +141,49 @@ class RolloutManager:
                 )
             )
         return samples
+
+    def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:
+        """rollout.generate_fn over each prompt group (groups spread over the engines)."""
+
+        def run(g: int) -> list[Trajectory]:
+            row, first = rows[g], g * n
+            request = GroupRequest(
+                prompt=row["prompt_text"],
+                prompt_ids=row["prompt_ids"],
+                label=row["label"],
+                n=n,
+                sampling_params=dict(params),
+                seeds=[seed + first + i for i in range(n)],
+                rids=[f"{rid}-{first + i:07d}" for i in range(n)],
+                engine=self.engines[g % len(self.engines)],
+                tokenizer=self.tokenizer,
+            )
+            out = list(self.generate_fn(request))
+            if len(out) != n:
+                raise ValueError(f"rollout.generate_fn returned {len(out)} trajectories for n={n}")
+            for t in out:
+                t.check()
+            return out
+
+        with ThreadPoolExecutor(min(16, len(rows))) as pool:
+            groups = list(pool.map(run, range(len(rows))))
+        return [
+            Sample(
+                prompt=rows[g]["prompt_text"],
+                label=rows[g]["label"],
+                response=self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                prompt_ids=rows[g]["prompt_ids"],
+                response_ids=list(t.response_ids),
+                engine_logprobs=[float(x) for x in t.engine_logprobs],
+                weight_version=int(t.weight_version),
+                group=g,
+                status={"length": "truncated", "abort": "aborted"}.get(t.finish_reason, "completed"),
+                finish_reason=t.finish_reason,
+                loss_mask=list(t.loss_mask),
+            )
+            for g, trajectories in enumerate(groups)
+            for t in trajectories
+        ]
 
     def _fit(self, rows: list[dict]) -> tuple[list[dict], int]:
         """Rows with their prompt ids and the text the model sees; prompts over

@@ -39,10 +39,12 @@ def collate(samples: list[Sample], first_index: int, device: torch.device) -> Mi
         if r == 0 or p == 0:  # nothing to learn from (no response, or no context to predict it)
             continue
         # logits at position t predict token t + 1: response token j is predicted at p + j - 1
-        mask[i, p - 1 : p + r - 1] = 1.0
+        # tokens the environment wrote (loss_mask 0) are context only: no loss, no logprob gap
+        keep = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask is not None else 1.0
+        mask[i, p - 1 : p + r - 1] = keep
         if len(s.engine_logprobs) == r:
             engine[i, p - 1 : p + r - 1] = torch.tensor(s.engine_logprobs)
-            engine_mask[i, p - 1 : p + r - 1] = 1.0
+            engine_mask[i, p - 1 : p + r - 1] = keep
     advantages = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
     tensors = (t.to(device) for t in (ids, mask, advantages, engine, engine_mask))
     return MicroBatch(*tensors, index=list(range(first_index, first_index + len(samples))))
