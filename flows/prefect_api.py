@@ -22,10 +22,9 @@ def ensure_api_server() -> str:
         return url
     # the local server has no network to report usage to; don't let it try
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Prefect waits 20 s for it; a busy 2-core machine (a CI run, other jobs) can need more
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     server = SubprocessASGIServer()
-    server.start()
+    # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
+    server.start(timeout=120)
     os.environ["PREFECT_API_URL"] = server.api_url
     return server.api_url
 
