@@ -3,6 +3,11 @@ system uses, with SGLang 0.5.x field names, so the rollout and weight-sync code 
 same against this server and against `sglang.launch_server` on GPUs.
 
     python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
+        [--weight-update-session on|off]
+
+`--weight-update-session on` (default) speaks SGLang >= 0.5.23: distributed weight updates
+are refused outside `/begin_weight_update` ... `/end_weight_update`. `off` speaks SGLang
+0.5.16, which has no such routes.
 
 It binds loopback unless told otherwise, reads models from local paths only (the hub is
 switched off), and with an API key (env PRL_ENGINE_API_KEY, SGLang's `--api-key` scheme:

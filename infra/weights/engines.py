@@ -9,7 +9,7 @@ from a version string.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import torch
@@ -123,6 +123,10 @@ def update_sessions(links: list[EngineLink]) -> Iterator[None]:
             link.begin_session()
             opened.append(link)
         yield
-    finally:
-        for link in opened:
-            link.end_session()
+    except BaseException:
+        for link in opened:  # close what was opened, but report the failure that got us here
+            with suppress(EngineError):
+                link.end_session()
+        raise
+    for link in opened:
+        link.end_session()

@@ -22,6 +22,7 @@ from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.weights.engines import EngineLink, update_sessions
 from infra.weights.group import broadcast, open_update_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def server(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, proc, 60)
+        wait_until_healthy(url, proc, 180)  # a loaded CI machine starts servers slowly
         yield url, proc
     finally:
         stop_engine(proc)
@@ -188,6 +189,14 @@ def test_weight_update_over_group(client):
     client.begin_weight_update()
     with pytest.raises(EngineError, match="group_name"):
         client.update_weights_from_distributed(PARAMS[1:], ["float32"], [[64]], group_name)
+    client.end_weight_update()
+
+    # the sync's session wrapper: probes once, and a sync that fails still closes the session
+    link = EngineLink(client, rank_offset=1, tp_size=1, dtype=torch.float32)
+    with pytest.raises(KeyError), update_sessions([link]):
+        raise KeyError("a failed sync")
+    assert link.has_session is True
+    client.begin_weight_update()  # would fail had the session stayed open
     client.end_weight_update()
 
 
