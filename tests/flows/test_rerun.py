@@ -44,7 +44,8 @@ def config(tmp_path, **over) -> RunConfig:
     tree = {
         "run_name": "again",
         "num_rollout": 2,
-        "rollout": {"prompts_per_rollout": 8, "n_samples_per_prompt": 4},
+        # a generous start-up: engines start slowly on a loaded machine
+        "rollout": {"prompts_per_rollout": 8, "n_samples_per_prompt": 4, "startup_timeout_s": 600},
         "storage": {"uri": str(tmp_path / "runs")},
         "checkpoint": {"save_interval": 1, "keep_last": 1},
         "eval": {"interval": None},
