@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
 from infra.data.rewards import REWARDS, resolve_reward
-from infra.storage.fs import RunStore
+from infra.storage.fs import RunStore, storage_options
 from infra.storage.run_folder import clear_for_fresh_start, finished_message, refuse_if_used, resume_point
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,6 @@ def _check(name: str, fn):
 
 def _rows(cfg: RunConfig, path: str, split: str) -> list[dict]:
     d = cfg.data
-    from infra.storage.fs import storage_options
-
     return load_rows(with_split(path, split), d.prompt_key, d.label_key, storage_options(cfg.storage))
 
 
