@@ -20,7 +20,7 @@ from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
 from infra.data.rewards import REWARDS, resolve_reward
 from infra.data.templating import PromptFormatter
-from infra.storage.fs import RunStore
+from infra.storage.fs import RunStore, storage_options
 from infra.storage.run_folder import clear_for_fresh_start, finished_message, refuse_if_used, resume_point
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,6 @@ def _check(name: str, fn):
 
 def _rows(cfg: RunConfig, path: str, split: str) -> list[dict]:
     d = cfg.data
-    from infra.storage.fs import storage_options
-
     return load_rows(with_split(path, split), d.prompt_key, d.label_key, storage_options(cfg.storage))
 
 

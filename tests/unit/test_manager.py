@@ -42,7 +42,8 @@ def manager(engines, tmp_path, **over) -> RolloutManager:
     tree = {
         "rollout": {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 3}},
         "storage": {"uri": str(tmp_path)},
-        "data": {"reward": f"{__name__}:flaky_reward"},
+        # failures stay per sample here (test_rewards checks that a mostly failed rollout stops)
+        "data": {"reward": f"{__name__}:flaky_reward", "max_failed_fraction": 1.0},
         "eval": {"num_prompts": 5, "n_samples": 4, "pass_k": [1, 4]},
         "cluster": {"engines": {"num_workers": 2}},
     }
