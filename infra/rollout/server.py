@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import hmac
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -38,59 +36,14 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from infra.rollout import protocol as p
+from infra.rollout.client import API_KEY_ENV
 from infra.rollout.engine_state import EngineState
+from infra.rollout.guards import BeatingFlag, Progress, RequireKey
 from infra.rollout.protocol import BadRequest
-
-API_KEY_ENV = "PRL_ENGINE_API_KEY"
-# Paths a health probe reaches without the key (as in SGLang).
-_OPEN_PATHS = ("/health", "/health_generate")
 
 
 def _fail(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=status)
-
-
-class _Progress:
-    """When generation last moved: a decode step, or the end of a batch. /health reads it."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.last = time.monotonic()
-        self.lock = threading.Lock()
-
-    def beat(self) -> None:
-        self.last = time.monotonic()
-
-    def stalled_for(self) -> float:
-        return time.monotonic() - self.last if self.active else 0.0
-
-
-class _BeatingFlag:
-    """The abort flag as the decode loop sees it: each check (once per step) is a heartbeat."""
-
-    def __init__(self, flag: threading.Event, progress: _Progress) -> None:
-        self.flag, self.progress = flag, progress
-
-    def is_set(self) -> bool:
-        self.progress.beat()
-        return self.flag.is_set()
-
-
-class _RequireKey:
-    """Plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconnects
-    from the handlers): every path but the health probes needs `Authorization: Bearer <key>`."""
-
-    def __init__(self, app, api_key: str) -> None:
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                message = "unauthorized: this engine needs its run's API key (Authorization: Bearer)"
-                await _fail(message, 401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 120.0) -> FastAPI:
@@ -100,7 +53,7 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
     # Generation has its own threads: weight-group joins blocked on absent peers (which
     # use the default pool) can never starve it.
     gen_pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
-    progress = _Progress()
+    progress = Progress()
     max_positions = getattr(state.model.config, "max_position_embeddings", None)
 
     async def _generate_in_pool(batch, params, seed, flags: list[threading.Event], request: Request | None):
@@ -109,7 +62,7 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
                 progress.beat()
             progress.active += 1
         try:
-            beating = [_BeatingFlag(flag, progress) for flag in flags]
+            beating = [BeatingFlag(flag, progress) for flag in flags]
             call = functools.partial(state.generate, batch, params, seed, beating)
             task = asyncio.get_running_loop().run_in_executor(gen_pool, call)
             while True:
@@ -125,7 +78,7 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
                 progress.beat()
 
     if api_key:
-        app.add_middleware(_RequireKey, api_key=api_key)
+        app.add_middleware(RequireKey, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
