@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup sglang-venv demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -15,6 +15,26 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# A second venv in which SGLang's own Python modules import on CPU, for the conformance
+# tests (`pytest -m sglang`): CPU torch, then SGLang and its light dependencies from an
+# exact list, without resolving (SGLang's metadata asks for CUDA builds). The stand-ins for
+# triton and torchvision go on its path through a .pth file, which also loads the hook
+# that hides the triton stand-in from torch. Built once; rebuilt when the list changes.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_REQS := tests/sglang/requirements.txt
+$(SGLANG_STAMP): $(SGLANG_REQS)
+	rm -rf $(SGLANG_VENV)
+	$(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r $(SGLANG_REQS)
+	$(SGLANG_VENV)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") \
+		+ "/conformance-standins.pth", "w").write(sys.argv[1] + "\nimport torch_sees_no_triton\n")' \
+		"$(CURDIR)/tests/sglang/standins"
+	touch $(SGLANG_STAMP)
+
+sglang-venv: $(SGLANG_STAMP)
 
 # resume=fresh: a second `make demo` replaces the first one's outputs instead of refusing
 # (ARGS come later and win, e.g. ARGS="checkpoint.resume=auto")
@@ -28,7 +48,7 @@ $(CHROMIUM):
 	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(SGLANG_STAMP) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
