@@ -36,8 +36,10 @@ $(SGLANG_STAMP): $(SGLANG_REQS)
 
 sglang-venv: $(SGLANG_STAMP)
 
+# resume=fresh: a second `make demo` replaces the first one's outputs instead of refusing
+# (ARGS come later and win, e.g. ARGS="checkpoint.resume=auto")
 demo: $(STAMP)
-	$(BIN)/python -m flows.train $(ARGS)
+	$(BIN)/python -m flows.train checkpoint.resume=fresh $(ARGS)
 
 # The UI test drives Debian's Chromium headless (Playwright uses it by path; no browser
 # download). Installed once, as root or through sudo.

@@ -5,7 +5,8 @@
 
 In async mode generation of k+1 is submitted before training on k starts, so engines and
 trainer overlap (one step off-policy). Before every weight sync the in-flight generation
-is drained, and the next one is submitted only after it: staleness is at most one step.
+is drained, and the next one is submitted only after it: a sample is at most one optimizer
+step behind the weights that train on it when update_weights_interval is 1 (with N, up to N).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner
 from infra.config import RunConfig
 from infra.config_files import load_config
+from infra.preflight import preflight
 from infra.schedule import LoopSchedule
 from infra.system import RLSystem
 from tasks.evaluate import evaluate
@@ -44,13 +46,19 @@ WORKER_IMPORTS = [
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
+    # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
+    checked = preflight(config)
+    for warning in checked.warnings:
+        log.warning(warning)
+    if checked.finished:
+        log.info(checked.finished)
+        return {"final": {}, "finished": checked.finished}
     # task results go to the run's own storage (a block the code creates, not a person)
     generate_, train_, save_, sync_, eval_ = persisted(config, generate, train_step, save, sync, evaluate)
-    with (
-        RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS) as run,
-        remote_options(num_cpus=0),
-    ):
+    system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
+    with system as run, remote_options(num_cpus=0):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
+        log.info("placement (node ids): %s", system.placement)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
         schedule = LoopSchedule.from_config(config, run.ends_epoch, start)
         log.info(
@@ -76,7 +84,11 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             if ahead and schedule.has_next(k):
                 future = generate_.submit(run, k + 1, wait_for=last)
 
-            row = {**rollout, **train_.submit(run, k).result()}
+            # colocated (sync mode only, nothing in flight): engines give the trainer the devices
+            released = run.release_engines() if config.cluster.colocate else {}
+            row = {**rollout, **released, **train_.submit(run, k).result()}
+            if config.cluster.colocate:
+                row.update(run.resume_engines())
             if schedule.sync_after(k):
                 if future is not None:  # no generation may be in flight while weights change
                     ready, last, future = future.result(), [future], None

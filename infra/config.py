@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RESUME_MODES = ("never", "fresh", "auto")
 
 
 class _Section(BaseModel):
@@ -44,6 +46,11 @@ class RoleResources(_Section):
     gpus_per_worker: float = Field(
         0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines)."
     )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description='Custom Ray resources reserved per process, e.g. `{"trainer_node": 1}`: the role '
+        "then runs only on nodes started with that resource (`ray start --resources ...`).",
+    )
 
 
 class ClusterConfig(_Section):
@@ -62,11 +69,26 @@ class ClusterConfig(_Section):
         description="Actor trainer ranks (one FSDP2 rank per worker).",
     )
     engines: RoleResources = Field(default_factory=RoleResources, description="Rollout engine servers.")
+    colocate: bool = Field(
+        False,
+        description="Engines share the trainer's placement bundles (and GPUs) instead of their own; they "
+        "release their weights and KV cache while the trainer trains and resume before the weight "
+        "sync. Sync mode only; engines need num_workers <= trainer.num_workers.",
+    )
     threads_per_worker: int = Field(
         1,
         ge=1,
         description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _two_ranks_by_default(cls, value: object) -> object:
+        # the default of 2 ranks holds when only other trainer fields are set, e.g.
+        # `cluster.trainer.gpus_per_worker=1` (RoleResources' own default is 1 worker)
+        if isinstance(value, dict) and "num_workers" not in value:
+            return {"num_workers": 2, **value}
+        return value
 
 
 class SamplingConfig(_Section):
@@ -96,12 +118,51 @@ class RolloutConfig(_Section):
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
     )
-    seed: int = Field(1234, description="Base seed of sampling; each rollout derives its own.")
+    seed: int = Field(
+        1234,
+        ge=0,
+        lt=2**22,
+        description="Base seed of sampling. Every sample gets its own `sampling_seed` (from this seed, the "
+        "rollout id and the sample's index), never one per GRPO group. The built-in engine always honours "
+        "it, so runs repeat exactly. SGLang honours it only when launched with "
+        "`--enable-deterministic-inference` (`sglang_args`); otherwise SGLang samples at random.",
+    )
     startup_timeout_s: float = Field(120, gt=0, description="How long an engine may take to answer /health.")
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one HTTP request to an engine.")
     sglang_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Extra `sglang.launch_server` flags (engine=sglang only)."
     )
+    sglang_python: str = Field(
+        "",
+        description="Python interpreter that runs `sglang.launch_server` (engine=sglang only), e.g. a "
+        "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: this "
+        "process's interpreter.",
+    )
+    generate_fn: str | None = Field(
+        None,
+        description="A custom rollout function `module:function` or `file.py:function` (multi-turn, "
+        "tool use): given a prompt group and an engine client, it returns trajectories with per-token "
+        "loss masks (0 on tokens the environment wrote). Empty: single-turn sampling.",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample the same "
+        "prompts again with new seeds until the batch is full of groups with signal.",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        3,
+        ge=1,
+        description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
+    )
+
+
+class RemoteRewardConfig(_Section):
+    batch_size: int = Field(
+        32, ge=1, description="Samples per request to a reward service (data.reward: http://...)."
+    )
+    concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    retries: int = Field(3, ge=0, description="Retries of a failed request (connection error, 5xx, timeout).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubled for every further retry.")
 
 
 class DataConfig(_Section):
@@ -111,15 +172,54 @@ class DataConfig(_Section):
     )
     eval_path: str = Field(
         "builtin:digit-copy",
-        description="Held-out prompts, same formats. Builtin tasks hold out a disjoint split.",
+        description="Evaluation prompts, same formats. `builtin:digit-add` holds out prompts it never "
+        "trains on; `builtin:digit-copy` has too few and evaluates on its training prompts.",
     )
-    prompt_key: str = Field("prompt", description="Column holding the prompt text.")
+    prompt_key: str = Field(
+        "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."
+    )
     label_key: str = Field("label", description="Column holding the reference answer.")
     shuffle_seed: int = Field(7, description="Seed of the per-epoch prompt shuffle.")
+    apply_chat_template: bool = Field(
+        False,
+        description="Wrap text prompts in the tokenizer's chat template as a user turn, with the "
+        "generation prompt (instruct models). Prompts given as chat messages always use it.",
+    )
+    system_prompt: str | None = Field(
+        None, description="System message put first in templated prompts that have none of their own."
+    )
+    max_prompt_len: int | None = Field(
+        None,
+        ge=1,
+        description="Longest prompt in tokens (after templating); longer ones per overlong_prompt.",
+    )
+    overlong_prompt: Literal["drop", "truncate_left", "error"] = Field(
+        "drop",
+        description="A prompt over max_prompt_len: `drop` it (counted in the metrics as "
+        "prompts_dropped), keep its last max_prompt_len tokens, or stop the run.",
+    )
     reward: str = Field(
         "exact_match",
-        description="A registered reward (exact_match, prefix_match, contains, numeric_match) or "
-        "`module:function` with signature (prompt, response, label, **kw) -> float; async allowed.",
+        description="A registered reward (exact_match, prefix_match, contains, numeric_match, gsm8k, "
+        "boxed_math, normalized_exact_match, f1), `module:function` (the module importable by the flow "
+        "and the Ray workers), `path/to/file.py:function`, or `http(s)://...` (a reward service, see "
+        "remote_reward). Signature (prompt, response, label, **kw) -> float, async allowed; functions "
+        "marked @group_reward/@batch_reward take lists (prompts, responses, labels) -> rewards.",
+    )
+    remote_reward: RemoteRewardConfig = Field(
+        default_factory=RemoteRewardConfig, description="Batching and retries of an HTTP reward service."
+    )
+    reward_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest one reward call may take; a sample whose reward runs longer is marked failed.",
+    )
+    max_failed_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run with an error when more than this share of a rollout's samples "
+        "failed (reward raised, timed out or returned no finite number), instead of training on zeros.",
     )
 
 
@@ -128,6 +228,14 @@ class AlgorithmConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="LR after the warm-up: `constant`, or `linear`/`cosine` decay to lr x min_lr_ratio at "
+        "the run's last optimizer step (num_rollout x steps per rollout x ppo_epochs).",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     global_batch_size: int | None = Field(
         None,
@@ -135,18 +243,84 @@ class AlgorithmConfig(_Section):
         description="Samples per optimizer step; default: the whole rollout (one step per iteration).",
     )
     micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
+    ppo_epochs: int = Field(
+        1, ge=1, description="Passes over each rollout; each pass takes one optimizer step per global batch."
+    )
+    advantage_estimator: Literal[
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo", "ppo"
+    ] = Field(
+        "grpo",
+        description="`grpo`: group-centred rewards (/ group std if normalize_advantage_std). `dr_grpo`: "
+        "group-centred, no std, length-normalised loss. `rloo`: leave-one-out baseline. "
+        "`reinforce_plus_plus`: rewards whitened over the batch's tokens; `_baseline`: group-centred "
+        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo` (GAE with a critic) is "
+        "not implemented yet and is refused.",
+    )
+    normalize_advantage_std: bool = Field(
+        True, description="grpo/gspo: divide group-centred rewards by the group std (+1e-6)."
+    )
+    unbiased_std: bool = Field(True, description="grpo/gspo: the group std divides by n - 1 (false: by n).")
+    loss_agg_mode: (
+        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
+    ) = Field(
+        None,
+        description="How token losses of a global batch become one number: `token-mean` (over all its "
+        "tokens), `seq-mean-token-mean`, `seq-mean-token-sum`, `seq-mean-token-sum-norm` (token sums / "
+        "max_new_tokens, averaged over sequences). Empty: seq-mean-token-mean for gspo, "
+        "seq-mean-token-sum-norm for dr_grpo, token-mean otherwise.",
+    )
     eps_clip: float = Field(0.2, gt=0, description="PPO ratio clip (lower side).")
     eps_clip_high: float | None = Field(
         None, gt=0, description="PPO ratio clip (upper side); default: eps_clip."
     )
+    clip_ratio_c: float | None = Field(
+        3.0,
+        gt=1,
+        description="Dual clip: for negative advantages the loss is capped at -A x clip_ratio_c. "
+        "Empty: no dual clip.",
+    )
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the KL to a frozen reference model; 0 loads no reference."
     )
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    normalize_advantage_std: bool = Field(
-        True, description="GRPO: divide group-centred rewards by the group std."
+    kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
+        "k3",
+        description="KL estimator per token: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = low_var_kl = "
+        "exp(ref - logp) - (ref - logp) - 1 (log-ratio clamped to +-20, result to +-10).",
     )
+    kl_in_reward: bool = Field(
+        False,
+        description="Apply the KL as a penalty on the reward (reward - kl_coef x summed KL, before the "
+        "advantages) instead of as a loss term.",
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    tis: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Truncated importance sampling: weight each token's policy loss by "
+        "min(exp(old logp - engine logp), tis_cap). `auto`: on in async mode, off in sync mode.",
+    )
+    tis_cap: float = Field(2.0, gt=0, description="Upper bound of the TIS weight.")
     seed: int = Field(42, description="Seed of the trainer (model init is the model's own).")
+
+    @property
+    def agg_mode(self) -> str:
+        """`loss_agg_mode`, or the estimator's own when it is empty."""
+        if self.loss_agg_mode:
+            return self.loss_agg_mode
+        return {"gspo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}.get(
+            self.advantage_estimator, "token-mean"
+        )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> AlgorithmConfig:
+        est = self.advantage_estimator
+        if est == "gspo" and self.agg_mode != "seq-mean-token-mean":
+            raise ValueError(
+                f"algorithm.loss_agg_mode={self.loss_agg_mode}: gspo's ratio is one per sequence and its "
+                "objective a mean over sequences; use seq-mean-token-mean (or leave it empty)"
+            )
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0")
+        return self
 
 
 class CriticConfig(_Section):
@@ -166,13 +340,18 @@ class CriticConfig(_Section):
 class WeightSyncConfig(_Section):
     method: Literal["broadcast", "disk"] = Field(
         "broadcast",
-        description="`broadcast`: a weight-update group (gloo on CPU, nccl on GPU). "
-        "`disk`: engines reload the HF export with /update_weights_from_disk.",
+        description="`broadcast`: trainer rank 0 broadcasts over a weight-update group with every engine "
+        "rank (gloo on CPU, nccl on GPU), in the engines' dtype. `disk`: the trainer exports an HF directory "
+        "per version to the run's storage (local or s3://); each engine's actor copies it to its node and "
+        "loads it with /update_weights_from_disk; older versions are deleted.",
     )
     bucket_size_mb: float = Field(64, gt=0, description="Parameters gathered and sent per bucket, in MiB.")
     check_weight_update_equal: bool = Field(
         False,
-        description="After each sync, compare every engine tensor with the trainer's and fail on mismatch.",
+        description="After each sync, compare the leading 100 rows of every tensor (what /get_weights_by_name "
+        "returns) on every engine with the trainer's, in the engine's dtype; report the real max_abs_diff "
+        "and fail naming the tensor and engine on a mismatch. Few SGLang model classes implement "
+        "/get_weights_by_name (Llama does).",
     )
 
 
@@ -182,6 +361,12 @@ class StorageConfig(_Section):
     region: str | None = Field(None, description="S3 region (else AWS_REGION / AWS_DEFAULT_REGION).")
     profile: str | None = Field(
         None, description="AWS profile name. Credentials come only from the environment."
+    )
+    retry_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long one storage operation is retried (with backoff) while the endpoint is "
+        "unreachable or erroring, before the run fails.",
     )
 
 
@@ -193,7 +378,40 @@ class CheckpointConfig(_Section):
     hf_export_interval: int | None = Field(
         None, ge=1, description="Export an HF model directory every N iterations (always at the end)."
     )
-    resume: str = Field("never", description="`auto`, `never`, or the URI of a checkpoint folder.")
+    resume: str = Field(
+        "never",
+        description="`never`: start at iteration 0, and refuse a run folder that already holds outputs. "
+        "`fresh`: delete the run folder's old outputs first, then start at 0. `auto`: continue from the "
+        "latest complete checkpoint (iteration 0 if none). Or the URI of one checkpoint folder.",
+    )
+
+    @model_validator(mode="after")
+    def _resume_spec(self) -> CheckpointConfig:
+        spec = self.resume
+        if spec not in RESUME_MODES and "/" not in spec:
+            raise ValueError(
+                f"checkpoint.resume: {spec!r} is none of {', '.join(RESUME_MODES)} and not a checkpoint URI"
+            )
+        return self
+
+
+class EvalDataset(_Section):
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Short name; metrics are reported as `eval_<name>_reward_mean`, `eval_<name>_pass@k`.",
+    )
+    path: str = Field(description="jsonl/parquet (local or s3://) or `builtin:<task>` (its eval split).")
+    num_prompts: int | None = Field(
+        None, ge=1, description="Prompts per evaluation; default: eval.num_prompts."
+    )
+    n_samples: int | None = Field(None, ge=1, description="Samples per prompt; default: eval.n_samples.")
+    temperature: float | None = Field(
+        None, gt=0, description="Sampling temperature; default: eval.temperature."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Longest response; default: rollout.sampling.max_new_tokens."
+    )
+    reward: str | None = Field(None, description="Reward of this set (as data.reward); default: data.reward.")
 
 
 class EvalConfig(_Section):
@@ -204,13 +422,43 @@ class EvalConfig(_Section):
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(0.6, gt=0, description="Eval sampling temperature.")
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values of the reported pass@k.")
+    datasets: list[EvalDataset] = Field(
+        default_factory=list,
+        description="Several eval sets, each with its own settings and metrics. Empty: one set, "
+        "data.eval_path, reported as eval_reward_mean / eval_pass@k.",
+    )
 
     @model_validator(mode="after")
     def _k_fits(self) -> EvalConfig:
-        bad = [k for k in self.pass_k if k < 1 or k > self.n_samples]
-        if bad:
-            raise ValueError(f"eval.pass_k: {bad} must lie in 1..n_samples={self.n_samples}")
+        for where, n in [("eval.n_samples", self.n_samples)] + [
+            (f"eval.datasets[{d.name}].n_samples", d.n_samples) for d in self.datasets if d.n_samples
+        ]:
+            bad = [k for k in self.pass_k if k < 1 or k > n]
+            if bad:
+                raise ValueError(f"eval.pass_k: {bad} must lie in 1..{where}={n}")
+        names = [d.name for d in self.datasets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.datasets: names must be unique, got {names}")
         return self
+
+
+class TrackingConfig(_Section):
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that also receive every metrics row; none by default "
+        "(metrics.jsonl and the Prefect artifacts are always written).",
+    )
+    project: str | None = Field(
+        None, description="wandb project / MLflow experiment name; default: the run name."
+    )
+    dir: str | None = Field(
+        None,
+        description="Local folder for wandb files and the default MLflow store; default: "
+        "`<run>/tracking` for local runs, `./tracking` for S3 runs.",
+    )
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: MLFLOW_TRACKING_URI, else a sqlite file in `dir`."
+    )
 
 
 class RunConfig(_Section):
@@ -254,6 +502,9 @@ class RunConfig(_Section):
         default_factory=CheckpointConfig, description="Checkpoints and resume."
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="TensorBoard, wandb or MLflow logging of metrics."
+    )
 
     @property
     def rollout_samples(self) -> int:
@@ -262,6 +513,18 @@ class RunConfig(_Section):
     @property
     def global_batch_size(self) -> int:
         return self.algorithm.global_batch_size or self.rollout_samples
+
+    @property
+    def tis_enabled(self) -> bool:
+        """Truncated importance sampling on the engine logprobs (`auto`: only in async mode)."""
+        tis = self.algorithm.tis
+        return tis == "on" or (tis == "auto" and self.mode == "async")
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps of the whole run (the LR schedule's horizon)."""
+        per_rollout = self.rollout_samples // self.global_batch_size
+        return self.num_rollout * per_rollout * self.algorithm.ppo_epochs
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -278,6 +541,17 @@ class RunConfig(_Section):
             )
         if self.num_critic_only_steps and not self.critic.enabled:
             raise ValueError("num_critic_only_steps > 0 needs a critic (critic.enabled)")
+        est = self.algorithm.advantage_estimator
+        if est == "ppo" and not self.critic.enabled:
+            raise ValueError("algorithm.advantage_estimator=ppo needs a value critic: set critic.enabled")
+        grouped = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
+        if est in grouped and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algorithm.advantage_estimator={est} compares the samples of a prompt: "
+                "rollout.n_samples_per_prompt must be >= 2"
+            )
+        if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError("rollout.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
         if self.num_critic_only_steps >= self.num_rollout:
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
         if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker <= 0:
@@ -292,4 +566,37 @@ class RunConfig(_Section):
                 f"cluster.engines.gpus_per_worker={self.cluster.engines.gpus_per_worker} must equal "
                 f"rollout.tp_size={tp}: one engine process spans its tensor-parallel GPUs"
             )
+        if self.rollout.sglang_python and self.rollout.engine != "sglang":
+            raise ValueError("rollout.sglang_python applies to rollout.engine=sglang only")
+        if self.cluster.colocate:
+            self._check_colocation()
         return self
+
+    def _check_colocation(self) -> None:
+        trainer, engines = self.cluster.trainer, self.cluster.engines
+        if self.mode == "async":
+            raise ValueError(
+                "cluster.colocate=true needs mode=sync: in async mode generation of k+1 runs while the "
+                "trainer trains on k, so engines and trainer cannot take turns on the same devices"
+            )
+        if engines.num_workers > trainer.num_workers:
+            raise ValueError(
+                f"cluster.colocate: cluster.engines.num_workers={engines.num_workers} must not exceed "
+                f"cluster.trainer.num_workers={trainer.num_workers} (engines share the trainer's bundles)"
+            )
+        if self.rollout.tp_size != 1:
+            raise ValueError(
+                f"cluster.colocate: rollout.tp_size={self.rollout.tp_size} is not supported colocated; "
+                "a colocated engine shares one trainer bundle (one GPU), so use rollout.tp_size=1"
+            )
+        if trainer.gpus_per_worker and self.weight_sync.method == "broadcast":
+            raise ValueError(
+                "cluster.colocate on GPUs needs weight_sync.method=disk: engine 0 shares trainer rank 0's "
+                "GPU, and NCCL refuses two ranks of one group (the weight-update group) on the same GPU"
+            )
+        if engines.gpus_per_worker and engines.gpus_per_worker != trainer.gpus_per_worker:
+            raise ValueError(
+                f"cluster.colocate: cluster.engines.gpus_per_worker={engines.gpus_per_worker} must equal "
+                f"cluster.trainer.gpus_per_worker={trainer.gpus_per_worker}: an engine shares a trainer "
+                "bundle's GPUs"
+            )

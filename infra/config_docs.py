@@ -11,23 +11,23 @@ from pydantic import BaseModel
 from infra.config import RunConfig
 
 
-def _default(field) -> str:
-    value = field.default_factory() if field.default_factory is not None else field.default
-    if isinstance(value, BaseModel):
-        return "(section)"
-    return f"`{json.dumps(value)}`"
-
-
-def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
+def _rows(defaults: BaseModel, prefix: str = "") -> list[str]:
+    """One row per field. Defaults are read from a default-built instance, not from the
+    section classes: a parent may build a section with other values than the class's own
+    (`cluster.trainer` is `RoleResources(num_workers=2)`)."""
     rows = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+    for name, field in type(defaults).model_fields.items():
+        value = getattr(defaults, name)
+        if isinstance(value, BaseModel):
             rows.append(f"| **`{prefix}{name}`** | section | {field.description} |")
-            rows.extend(_rows(ann, f"{prefix}{name}."))
+            rows.extend(_rows(value, f"{prefix}{name}."))
         else:
-            rows.append(f"| `{prefix}{name}` | {_default(field)} | {field.description} |")
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(_plain(value))}` | {field.description} |")
     return rows
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def render() -> str:
@@ -40,7 +40,7 @@ def render() -> str:
         "| field | default | meaning |",
         "|---|---|---|",
     ]
-    return "\n".join(head + _rows(RunConfig)) + "\n"
+    return "\n".join(head + _rows(RunConfig())) + "\n"
 
 
 if __name__ == "__main__":

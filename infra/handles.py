@@ -4,15 +4,19 @@ loop step. Each method blocks on the actors and returns a small dict (never tens
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 import ray
 
 from infra.config import RunConfig
 from infra.rollout.client import EngineClient
-from infra.storage.checkpoints import CheckpointStore, config_hash, read_committed_meta
+from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
+from infra.storage.run_folder import resume_point
+from infra.tracking import Trackers
+from infra.weights.transport import WeightTransport
 
 
 @dataclass
@@ -23,6 +27,11 @@ class RunHandles:
     engine_urls: list[str]
     run_uri: str
     model_uri: str
+    transport: WeightTransport
+    trackers: Trackers | None = field(default=None, repr=False)
+    # Names the checkpoints this flow run commits: a retried save may return one of its
+    # own, never one that an earlier run left under the same iteration number.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def store(self) -> RunStore:
@@ -41,21 +50,25 @@ class RunHandles:
         self.manager.release.remote(rollout_id)
         return results[0]
 
+    def release_engines(self) -> dict:
+        """Colocated mode: engines free their weights so the trainer has the devices to itself."""
+        t0 = time.monotonic()
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
+        return {"time_engine_release_s": time.monotonic() - t0}
+
+    def resume_engines(self) -> dict:
+        """Colocated mode: engines take their memory back (before the weight sync refills it)."""
+        t0 = time.monotonic()
+        for url in self.engine_urls:
+            EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
+        return {"time_engine_resume_s": time.monotonic() - t0}
+
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()
-        if self.cfg.weight_sync.method == "disk":
-            # engines read the export themselves: they must share this storage (local runs)
-            path = self.store.uri("weights", f"v{weight_version:07d}")
-            ray.get([t.export_hf.remote(path, storage_options(self.cfg.storage)) for t in self.trainers])
-            for url in self.engine_urls:
-                EngineClient(url, self.cfg.rollout.request_timeout_s).update_weights_from_disk(
-                    path, str(weight_version)
-                )
-            result: dict = {}
-        else:
-            result = ray.get([t.update_weights.remote(weight_version) for t in self.trainers])[0]
+        result = self.transport.push(weight_version)
         if self.cfg.weight_sync.check_weight_update_equal:
-            checks = ray.get([t.check_weights_equal.remote(self.engine_urls) for t in self.trainers])
+            checks = ray.get([t.check_weights_equal.remote() for t in self.trainers])
             result.update(checks[0])
         result["time_sync_s"] = time.monotonic() - t0
         result["engine_weight_version"] = weight_version
@@ -73,8 +86,11 @@ class RunHandles:
         """
         t0 = time.monotonic()
         ckpts = self._checkpoints()
-        if ckpts.is_committed(rollout_id):  # a retried save: the checkpoint is already whole
-            return {"checkpoint_uri": ckpts.uri(rollout_id), "time_save_s": 0.0}
+        if ckpts.is_committed(rollout_id):
+            if ckpts.meta(rollout_id).get("run_id") == self.run_id:
+                # a retried save whose first attempt committed: the checkpoint is whole
+                return {"checkpoint_uri": ckpts.uri(rollout_id), "time_save_s": 0.0}
+            ckpts.discard(rollout_id)  # an earlier run's (resumed from before it): replace it
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
         ray.get([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers])
@@ -86,6 +102,7 @@ class RunHandles:
             "prefetched_rollout": nxt if ray.get(self.manager.has_batch.remote(nxt)) else None,
             "prompt_source": ray.get(self.manager.prompt_state.remote(nxt)),
             "config_hash": config_hash(self.cfg),
+            "run_id": self.run_id,
         }
         result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
         if export_hf:
@@ -98,32 +115,26 @@ class RunHandles:
         return CheckpointStore(self.store, keep_last=self.cfg.checkpoint.keep_last)
 
     def restore(self) -> int:
-        """Load the checkpoint `checkpoint.resume` points at; returns the next rollout id."""
-        spec, ckpts = self.cfg.checkpoint.resume, self._checkpoints()
-        if spec == "never":
-            return 0
-        if spec == "auto":
-            latest = ckpts.latest()
-            if latest is None:
-                return 0
-            uri = ckpts.uri(latest)
-        else:
-            uri = spec.rstrip("/")
-        opts = storage_options(self.cfg.storage)
-        meta = read_committed_meta(uri, opts)
-        if meta["config_hash"] != config_hash(self.cfg):
-            raise ValueError(
-                f"checkpoint.resume: {uri} was written by a run with another model/data/rollout/algorithm "
-                "config; start a new run_name or resume=never"
-            )
-        ray.get([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers])
-        nxt = meta["next_rollout_id"]
-        ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
+        """Load the checkpoint `checkpoint.resume` points at; returns the next rollout id.
+
+        Metrics rows from that id on are dropped, also when there is no checkpoint to load
+        (`auto` on a run that stopped before its first save): those iterations run again.
+        """
+        point = resume_point(self.cfg, self.store)
+        nxt = 0
+        if point is not None:
+            uri, meta = point
+            opts = storage_options(self.cfg.storage)
+            ray.get([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers])
+            nxt = meta["next_rollout_id"]
+            ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
         truncate_metrics(self.store, nxt)  # rows of iterations that will be redone
         return nxt
 
     def record(self, row: dict) -> None:
         append_metrics(self.store, row)
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def outputs(self) -> dict:
         ckpts = self._checkpoints()

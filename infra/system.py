@@ -11,18 +11,27 @@ from collections.abc import Callable, Mapping
 
 import ray
 
-from infra.cluster.placement import plan_placement
-from infra.cluster.ray_cluster import connect, create_placement_groups, in_bundle, remove_groups, warm_workers
-from infra.config import RoleResources, RunConfig
+from infra.cluster.placement import PlacementLayout, plan_placement
+from infra.cluster.ray_cluster import (
+    bundle_nodes,
+    connect,
+    create_placement_groups,
+    ordered_bundles,
+    remove_groups,
+    slot_options,
+    warm_workers,
+)
+from infra.config import RunConfig
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
 from infra.rollout.engine_actor import EngineActor
 from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
+from infra.tracking import Trackers
 from infra.trainer.rank import TrainerRank
+from infra.weights.transport import WeightTransport, make_transport
 
 log = logging.getLogger(__name__)
-WEIGHT_GROUP = "prl-weights"
 # Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval).
 CONTROL_WORKERS = 2
 
@@ -39,9 +48,13 @@ class RLSystem:
         self.warm_imports = warm_imports or []
         self.owns_ray = False
         self.groups: dict = {}
+        self.order: dict[str, list[int]] = {}
+        self.placement: dict[str, list[str]] = {}
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
+        self.transport: WeightTransport | None = None
+        self.trackers: Trackers | None = None
 
     def __enter__(self) -> RunHandles:
         try:
@@ -63,13 +76,14 @@ class RLSystem:
         model_uri = base_model_uri(cfg.model, store.run_uri, opts)
         log.info("model: %s; run folder: %s", model_uri, store.run_uri)
         self.groups = create_placement_groups(layout)
+        self._order_bundles(layout)
 
-        self.engines = self._place(EngineActor, "engines", cfg.cluster.engines, lambda i: (cfg, i, local))
+        self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
         log.info("engines up: %s", urls)
 
         ranks = cfg.cluster.trainer.num_workers
-        self.trainers = self._place(TrainerRank, "trainer", cfg.cluster.trainer, lambda r: (cfg, r, ranks))
+        self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
 
@@ -78,33 +92,56 @@ class RLSystem:
             ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, urls, model_uri)
         )
         self.actors.append(manager)
-        if cfg.weight_sync.method == "broadcast":
-            ray.get([t.init_weight_update_group.remote(urls, WEIGHT_GROUP) for t in self.trainers])
+        self.transport = make_transport(cfg, self.trainers, self.engines, urls)
+        self.transport.open()
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
+        self.trackers = Trackers(cfg, store)
         return RunHandles(
             cfg=cfg,
+            trackers=self.trackers,
             manager=manager,
             trainers=list(self.trainers),
             engine_urls=urls,
             run_uri=store.run_uri,
             model_uri=model_uri,
+            transport=self.transport,
         )
 
-    def _place(self, cls: type, role: str, res: RoleResources, args: Callable[[int], tuple]) -> list:
-        """One actor per bundle of the role's placement group."""
+    def _order_bundles(self, layout: PlacementLayout) -> None:
+        self.order = {
+            name: ordered_bundles(self.groups[name], role.bundles) for name, role in layout.roles.items()
+        }
+        # the node each process of each role landed on (the flow logs it)
+        nodes = {name: bundle_nodes(pg) for name, pg in self.groups.items()}
+        self.placement = {
+            role: [nodes[s.group][self.order[s.group][s.bundle]] for s in slots]
+            for role, slots in layout.slots.items()
+        }
+
+    def _place(self, cls: type, layout: PlacementLayout, role: str, args: Callable[[int], tuple]) -> list:
+        """One actor per slot of the role (its own bundle, or a trainer bundle when colocated)."""
         remote = ray.remote(cls)
+        slots = layout.slots[role]
         return [
-            remote.options(
-                num_cpus=res.cpus_per_worker,
-                num_gpus=res.gpus_per_worker,
-                scheduling_strategy=in_bundle(self.groups[role], i),
-            ).remote(*args(i))
-            for i in range(res.num_workers)
+            remote.options(**slot_options(self.groups, self.order, s)).remote(*args(i))
+            for i, s in enumerate(slots)
         ]
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""
+        if self.transport is not None:
+            try:  # first, while the engines still answer: their group ends cleanly too
+                self.transport.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("weight transport close failed: %s", e)
+            self.transport = None
+        if self.trackers is not None:
+            try:
+                self.trackers.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("tracker close failed: %s", e)
+            self.trackers = None
         for engine in self.engines:
             try:
                 ray.get(engine.stop.remote(), timeout=30)

@@ -12,7 +12,11 @@ from tasks.options import RETRIED
 @task(name="sync", task_run_name="sync-{weight_version:04d}", **RETRIED)
 def sync(run: RunHandles, weight_version: int) -> dict:
     result = run.sync(weight_version)
-    checked = f", {result['weights_checked']} tensors equal" if "weights_checked" in result else ""
+    checked = (
+        f", {result['weights_checked']} tensors checked (max abs diff {result['max_abs_diff']:.3g})"
+        if "weights_checked" in result
+        else ""
+    )
     get_run_logger().info(
         "engines at weight version %d in %.2fs%s", weight_version, result["time_sync_s"], checked
     )

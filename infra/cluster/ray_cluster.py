@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
+from types import ModuleType
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from infra.cluster.placement import PlacementLayout, local_cluster_cpus
+from infra.cluster.placement import PlacementLayout, Slot, bundle_order, local_cluster_cpus
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+CODE_PACKAGES = ("infra", "flows", "tasks")
+
+
+def code_modules() -> list[ModuleType]:
+    """The project's packages, shipped to every node of an existing cluster."""
+    return [importlib.import_module(name) for name in CODE_PACKAGES]
+
+
+def runtime_env(address: str, env: Mapping[str, str]) -> dict:
+    """How Ray workers find the code and the run's environment.
+
+    A local cluster shares this machine's files: the repository goes on PYTHONPATH (no
+    upload). An existing cluster gets the packages through `py_modules`: Ray uploads them
+    once per content hash and every worker on every node imports them from its own copy,
+    so no shared file system or pre-installed checkout is needed.
+    """
+    env_vars = dict(env)
+    if not address:
+        env_vars["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))
+        return {"env_vars": env_vars}
+    return {"env_vars": env_vars, "py_modules": code_modules()}
+
+
+def _custom_resources(layout: PlacementLayout) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for role in layout.roles.values():
+        for bundle in role.bundles:
+            for key, value in bundle.items():
+                if key not in ("CPU", "GPU"):
+                    total[key] = total.get(key, 0.0) + value
+    return total
 
 
 def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Mapping[str, str]) -> bool:
@@ -22,15 +57,15 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
     """
     if ray.is_initialized():
         return False
-    env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
-    env_vars.update(env)
-    runtime_env = {"env_vars": env_vars}
+    renv = runtime_env(address, env)
     if address:
-        ray.init(address=address, runtime_env=runtime_env, namespace="prefect-rl")
+        ray.init(address=address, runtime_env=renv, namespace="prefect-rl")
     else:
         ray.init(
             num_cpus=local_cluster_cpus(layout, num_cpus),
-            runtime_env=runtime_env,
+            # custom resources the roles ask for: a local cluster has them all on one node
+            resources=_custom_resources(layout) or None,
+            runtime_env=renv,
             namespace="prefect-rl",
             include_dashboard=False,
             # the demo moves kilobytes per iteration; a small store keeps memory low
@@ -38,11 +73,7 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
             log_to_driver=True,
             # Ray kills idle workers beyond this many processes, actors included; the control
             # tasks' warm workers must survive between iterations or every task cold-starts.
-            _system_config={
-                "num_workers_soft_limit": len(layout.roles["trainer"].bundles)
-                + len(layout.roles["engines"].bundles)
-                + 4
-            },
+            _system_config={"num_workers_soft_limit": layout.num_processes + 4},
         )
     return True
 
@@ -63,6 +94,46 @@ def create_placement_groups(layout: PlacementLayout, timeout_s: float = 120) -> 
 
 def in_bundle(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+
+
+def _where_am_i() -> tuple[str, list[int]]:
+    ctx = ray.get_runtime_context()
+    node = f"{ray.util.get_node_ip_address()}/{ctx.get_node_id()}"
+    return node, sorted(int(g) for g in ray.get_gpu_ids())
+
+
+def ordered_bundles(pg: PlacementGroup, bundles: list[dict[str, float]]) -> list[int]:
+    """Bundle indices ordered by node and GPU (see `bundle_order`).
+
+    Only GPU bundles are probed, by a tiny task holding each bundle's GPUs: CPU bundles
+    have no device order worth a task start per bundle, so they keep Ray's numbering.
+    """
+    if not any(b.get("GPU") for b in bundles):
+        return list(range(len(bundles)))
+    probe = ray.remote(_where_am_i)
+    refs = [
+        probe.options(num_cpus=0, num_gpus=b.get("GPU", 0), scheduling_strategy=in_bundle(pg, i)).remote()
+        for i, b in enumerate(bundles)
+    ]
+    return bundle_order(ray.get(refs))
+
+
+def slot_options(groups: Mapping[str, PlacementGroup], order: Mapping[str, list[int]], slot: Slot) -> dict:
+    """`.options(...)` of the actor that fills `slot`."""
+    return {
+        "num_cpus": slot.cpus,
+        "num_gpus": slot.gpus,
+        "resources": dict(slot.resources) or None,
+        "scheduling_strategy": in_bundle(groups[slot.group], order[slot.group][slot.bundle]),
+    }
+
+
+def bundle_nodes(pg: PlacementGroup) -> list[str]:
+    """Node id of each bundle (for logs and tests)."""
+    from ray.util import placement_group_table
+
+    table = placement_group_table(pg)["bundles_to_node_id"]
+    return [table[i] for i in sorted(table)]
 
 
 def remove_groups(groups: Mapping[str, PlacementGroup]) -> None:

@@ -16,6 +16,14 @@ from infra.data.builtin_tasks import builtin_rows
 from infra.storage.fs import filesystem
 
 
+def with_split(path: str, split: str) -> str:
+    """`builtin:<task>` with the split appended (builtin tasks carry their own train/eval
+    split); files are used as given."""
+    if path.startswith("builtin:") and path.count(":") == 1:
+        return f"{path}:{split}"
+    return path
+
+
 def load_rows(path: str, prompt_key: str, label_key: str, storage_options: dict) -> list[dict]:
     """Rows `{"prompt": str, "label": str}` from `builtin:<task>[:train|eval]` (default train)
     or a `.jsonl` / `.json` (a list of objects) / `.parquet` file, local or `s3://`.
@@ -33,8 +41,20 @@ def load_rows(path: str, prompt_key: str, label_key: str, storage_options: dict)
                 raise ValueError(f"column {key!r} missing in {path} (row {i}); columns: {sorted(record)}")
             if _is_null(record[key]):
                 raise ValueError(f"column {key!r} is empty in {path} (row {i})")
-        rows.append({"prompt": str(record[prompt_key]), "label": str(record[label_key])})
+        rows.append({"prompt": _prompt(record[prompt_key], path, i), "label": str(record[label_key])})
     return rows
+
+
+def _prompt(value: object, path: str, row: int) -> str | list[dict]:
+    """Text, or chat messages kept as a list of {role, content} (parquet gives arrays)."""
+    if isinstance(value, str) or not hasattr(value, "__iter__") or isinstance(value, dict):
+        return str(value)
+    messages = [dict(m) for m in value if isinstance(m, dict)]
+    if len(messages) != len(list(value)) or any({"role", "content"} - set(m) for m in messages):
+        raise ValueError(
+            f"prompt in {path} (row {row}): a list prompt must hold messages with role and content"
+        )
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
 
 
 def _is_null(value: object) -> bool:
@@ -53,16 +73,26 @@ def _read_records(path: str, storage_options: dict) -> list[dict]:
         raise ValueError(
             f"unsupported prompt file {path}: expected .jsonl, .json, .parquet or builtin:<task>"
         )
-    text = fs.cat_file(fs_path).decode("utf-8")
+    try:
+        text = fs.cat_file(fs_path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
     if path.endswith(".json"):
-        records = json.loads(text)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {e.lineno}: invalid JSON ({e.msg}, column {e.colno})") from None
         if not isinstance(records, list):
             raise ValueError(f"{path} must hold a JSON list of objects, got {type(records).__name__}")
     else:
-        try:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as e:
-            raise ValueError(f"invalid JSON line in {path}: {e}") from None
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {number}: invalid JSON ({e.msg}, column {e.colno})") from None
     if not all(isinstance(r, dict) for r in records):
         raise ValueError(f"every row of {path} must be a JSON object")
     return records

@@ -1,8 +1,9 @@
 """Rule-based rewards: plain functions `(prompt, response, label, **kw) -> float`.
 
-A run names its reward by registry name or `module:function` (a plugin, as in slime), so
-a new task needs no change here. `async def` rewards (e.g. calling a judge service) are
-run concurrently.
+A run names its reward by registry name, `module:function` (a plugin, as in slime) or
+`path/to/file.py:function`, so a new task needs no change here. `async def` rewards
+(e.g. calling a judge service) are run concurrently. Every call has a time limit: a reward
+that hangs marks its sample failed instead of hanging the run.
 """
 
 from __future__ import annotations
@@ -10,13 +11,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
+import importlib.util
 import inspect
 import math
 import numbers
+import os
 import re
+import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+from infra.config import DataConfig
+from infra.data import graders
+from infra.data.group_rewards import batch_reward, group_reward, scope_of, score_lists
+
+__all__ = ["REWARDS", "batch_reward", "group_reward", "resolve_reward", "score"]
 
 RewardFn = Callable[..., float]
 
@@ -65,26 +76,60 @@ REWARDS: dict[str, RewardFn] = {
     "prefix_match": prefix_match,
     "contains": contains,
     "numeric_match": numeric_match,
+    "gsm8k": graders.gsm8k,
+    "boxed_math": graders.boxed_math,
+    "normalized_exact_match": graders.normalized_exact_match,
+    "f1": graders.token_f1,
 }
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """A registered reward by name, or the function at `module:function`."""
+def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
+    """A registered reward by name, the function at `module:function` or `file.py:function`,
+    or a reward service at `http(s)://...` (batched and retried per `data.remote_reward`)."""
     if spec in REWARDS:
         return REWARDS[spec]
-    known = f"registered rewards: {', '.join(REWARDS)}; or give `module:function`"
-    module_name, sep, attr = spec.partition(":")
+    if spec.startswith(("http://", "https://")):
+        from infra.data.remote_reward import RemoteReward
+
+        data = data or DataConfig()
+        return RemoteReward(spec, data.remote_reward, data.reward_timeout_s)
+    known = f"registered rewards: {', '.join(REWARDS)}; or give `module:function` or `file.py:function`"
+    module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"unknown reward {spec!r}; {known}")
     try:
-        obj = importlib.import_module(module_name)
+        obj = load_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load reward {spec!r}: {e}; {known}") from e
+    except (ImportError, AttributeError, OSError, SyntaxError) as e:
+        raise ValueError(f"cannot load reward {spec!r}: {type(e).__name__}: {e}; {known}") from e
     if not callable(obj):
         raise ValueError(f"reward {spec!r} is not callable; {known}")
     return obj
+
+
+def load_module(name: str):
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    # A plug-in file: loaded by path in every process (the driver and the Ray workers), so
+    # it needs no PYTHONPATH; on a multi-node cluster the path must exist on every node.
+    path = os.path.abspath(name)
+    if not os.path.isfile(path):
+        raise ImportError(f"no such file: {path}")
+    module_name = "prl_plugin_" + os.path.splitext(os.path.basename(path))[0]
+    if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == path:
+        return sys.modules[module_name]
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
 
 
 @dataclass
@@ -102,28 +147,86 @@ def _result(value: object) -> RewardResult:
     return RewardResult(float(value))
 
 
-def score(fn: RewardFn, items: list[tuple[str, str, str]], **kw) -> list[RewardResult]:
+class RewardTimeout(TimeoutError):
+    pass
+
+
+def score(
+    fn: RewardFn,
+    items: list[tuple[str, str, str]],
+    timeout_s: float | None = None,
+    groups: list[int] | None = None,
+    **kw,
+) -> list[RewardResult]:
     """Reward every (prompt, response, label); a failing item gets status "failed", reward 0
-    and the error text, and the others are unaffected."""
-    values: list[object] = []
-    pending: dict[int, object] = {}  # item index -> awaitable
-    for i, (prompt, response, label) in enumerate(items):
-        try:
-            value = fn(prompt, response, label, **kw)
-        except Exception as e:
-            value = e
-        if inspect.isawaitable(value):
-            pending[i] = value
-        values.append(value)
+    and the error text, and the others are unaffected. With `timeout_s`, a call that runs
+    longer fails its item (its thread is abandoned: Python cannot stop a thread). A group
+    reward is called once per `groups` id, a batch reward once for all items."""
+    if scope_of(fn) != "sample":
+        values = score_lists(fn, items, groups or [0] * len(items), timeout_s, **kw)
+        return [_result(v) for v in values]
+    if timeout_s is None:
+        values = [_call(fn, item, kw) for item in items]
+    else:
+        values = _call_all_with_timeout(fn, items, kw, timeout_s)
+    pending = {i: v for i, v in enumerate(values) if inspect.isawaitable(v)}
     if pending:
-        for i, value in zip(pending, _run_all(list(pending.values())), strict=True):
+        for i, value in zip(pending, _run_all(list(pending.values()), timeout_s), strict=True):
             values[i] = value
     return [_result(v) for v in values]
 
 
-def _run_all(awaitables: list) -> list:
+def _call(fn: RewardFn, item: tuple[str, str, str], kw: dict) -> object:
+    try:
+        return fn(*item, **kw)
+    except Exception as e:
+        return e
+
+
+# Threads of one scoring pass; a hung reward holds one, so a few spare ones keep others going.
+_REWARD_THREADS = 16
+
+
+def _call_all_with_timeout(fn: RewardFn, items: list, kw: dict, timeout_s: float) -> list[object]:
+    started: dict[int, float] = {}
+
+    def run(i: int) -> object:
+        started[i] = time.monotonic()
+        return _call(fn, items[i], kw)
+
+    pool = concurrent.futures.ThreadPoolExecutor(min(_REWARD_THREADS, max(1, len(items))), "reward")
+    futures = {pool.submit(run, i): i for i in range(len(items))}
+    values: list[object] = [None] * len(items)
+    # Items that never start (every thread held by a hung call) fail by this deadline.
+    waves = -(-len(items) // _REWARD_THREADS)
+    give_up = time.monotonic() + timeout_s * (waves + 1)
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=min(0.05, timeout_s))
+            for f in done:
+                values[futures[f]] = f.result()
+            now = time.monotonic()
+            for f in list(pending):
+                i = futures[f]
+                start = started.get(i)
+                if (start is not None and now - start > timeout_s) or (start is None and now > give_up):
+                    values[i] = RewardTimeout(f"reward call exceeded data.reward_timeout_s={timeout_s:g}")
+                    pending.discard(f)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return values
+
+
+def _run_all(awaitables: list, timeout_s: float | None = None) -> list:
+    async def bounded(aw):
+        try:
+            return await asyncio.wait_for(aw, timeout_s)
+        except TimeoutError:
+            return RewardTimeout(f"reward call exceeded data.reward_timeout_s={timeout_s:g}")
+
     async def gather() -> list:
-        return await asyncio.gather(*awaitables, return_exceptions=True)
+        return await asyncio.gather(*(bounded(a) for a in awaitables), return_exceptions=True)
 
     try:
         asyncio.get_running_loop()

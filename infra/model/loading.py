@@ -8,10 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
-import fsspec
-
 from infra.config import ModelConfig
-from infra.storage.fs import is_local
+from infra.storage.fs import download_dir, filesystem, is_local, upload_dir, uri_exists
 
 BUILTIN_TINY = "builtin:tiny-llama"
 _COMPLETE = ".complete"
@@ -24,32 +22,26 @@ def base_model_uri(model: ModelConfig, run_uri: str, storage_options: dict) -> s
             raise ValueError(f"model.path: unknown built-in model {model.path!r} (known: {BUILTIN_TINY})")
         return model.path
     uri = f"{run_uri.rstrip('/')}/base_model"
-    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
-    if fs.exists(f"{path}/config.json"):
+    if uri_exists(f"{uri}/config.json", storage_options):
         return uri
     from infra.model.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         build_tiny_model(tmp, model.tiny)
-        fs.makedirs(path, exist_ok=True)
-        # config.json last: its presence is what marks the directory complete
-        files = sorted(Path(tmp).iterdir(), key=lambda p: p.name == "config.json")
-        for f in files:
-            fs.put_file(str(f), f"{path}/{f.name}")
+        upload_dir(tmp, uri, storage_options)  # config.json last: it marks the directory complete
     return uri
 
 
 def localize(uri: str, storage_options: dict, cache_root: str | None = None) -> str:
     """A local directory holding the model at `uri` (downloaded once per machine if remote)."""
-    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
-    if not fs.exists(f"{path}/config.json"):
+    if not uri_exists(f"{uri.rstrip('/')}/config.json", storage_options):
         raise FileNotFoundError(f"model.path: no HF model directory (config.json) at {uri}")
     if is_local(uri):
-        return os.path.abspath(path)
+        return filesystem(uri, storage_options)[1]
     root = Path(cache_root or os.environ.get("PRL_CACHE_DIR", Path.home() / ".cache" / "prefect-rl"))
     local = root / "models" / hashlib.sha1(uri.encode()).hexdigest()[:16]
     if not (local / _COMPLETE).exists():
         local.mkdir(parents=True, exist_ok=True)
-        fs.get(f"{path}/", str(local) + "/", recursive=True)
+        download_dir(uri.rstrip("/"), str(local), storage_options)
         (local / _COMPLETE).touch()
     return str(local)

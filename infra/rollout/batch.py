@@ -25,6 +25,9 @@ class Sample:
     advantage: float = 0.0
     finish_reason: str = ""
     error: str = ""
+    # per response token: 1 sampled by the policy (in the loss), 0 written by the environment
+    # (tool output, user turns: never in the loss); None means all 1 (a single-turn sample)
+    loss_mask: list[int] | None = None
 
     def to_row(self) -> dict:
         return asdict(self)

@@ -7,14 +7,27 @@ rollout manager generates from a thread pool, so no connection state is shared.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import httpx
 
+# The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
+API_KEY_ENV = "PRL_ENGINE_API_KEY"
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
 
 class EngineError(RuntimeError):
     """An engine answered with an HTTP error or `success: false` (or did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the HTTP status, None when the engine did not answer
 
 
 class EngineClient:
@@ -25,7 +38,7 @@ class EngineClient:
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
         try:
             with httpx.Client(timeout=timeout_s or self.timeout_s) as http:
-                resp = http.request(method, f"{self.url}{path}", json=body)
+                resp = http.request(method, f"{self.url}{path}", json=body, headers=_headers())
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
         try:
@@ -33,13 +46,15 @@ class EngineClient:
         except ValueError:
             data = resp.text
         if resp.is_error or (isinstance(data, dict) and data.get("success") is False):
-            raise EngineError(f"{self.url}{path}: HTTP {resp.status_code}: {_message(data)}")
+            raise EngineError(
+                f"{self.url}{path}: HTTP {resp.status_code}: {_message(data)}", resp.status_code
+            )
         return data
 
     def health(self) -> bool:
         try:
             with httpx.Client(timeout=5) as http:
-                return http.get(f"{self.url}/health").status_code == 200
+                return http.get(f"{self.url}/health", headers=_headers()).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -51,9 +66,17 @@ class EngineClient:
             time.sleep(0.2)
 
     def generate(
-        self, input_ids: list[list[int]], sampling_params: dict, rid: str | None = None
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict | list[dict],
+        rid: str | list[str] | None = None,
     ) -> list[dict]:
-        """One batch request; n>1 answers len(input_ids)*n dicts, input-major. Logprobs always on."""
+        """One batch request; n>1 answers len(input_ids)*n dicts, input-major. Logprobs always on.
+
+        `sampling_params` and `rid` may be one per input. A rid per input is the only way to
+        abort one sample later: a single string is expanded by the server (`rid_0`, ...), and
+        with n>1 SGLang gives every copy a fresh random rid.
+        """
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,
@@ -110,8 +133,9 @@ class EngineClient:
     def destroy_weights_update_group(self, group_name: str) -> None:
         self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
-    def get_weights_by_name(self, name: str, truncate_size: int | None = None) -> list[float]:
-        """The parameter flattened; the whole tensor unless `truncate_size` is given."""
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The parameter's first `truncate_size` rows as float32 values, as SGLang answers:
+        a 2-D tensor gives a list of rows, a 1-D tensor a list of numbers."""
         return self._call("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
 
     def begin_weight_update(self) -> None:
@@ -132,6 +156,13 @@ class EngineClient:
         """`/model_info`: model path, weight version (SGLang has no /get_weight_version route)."""
         return self._call("GET", "/model_info")
 
+    def weight_version(self) -> str:
+        return str(self.model_info()["weight_version"])
+
+    def server_info(self) -> dict:
+        """`/server_info`: the server's launch arguments (`dtype`, `tp_size`, ...)."""
+        return self._call("GET", "/server_info")
+
     def flush_cache(self) -> None:
         self._call("POST", "/flush_cache")
 
@@ -143,9 +174,6 @@ class EngineClient:
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
-
-    def weight_version(self) -> str:
-        return str(self._call("GET", "/get_weight_version")["weight_version"])
 
 
 def _message(data: Any) -> str:

@@ -42,7 +42,11 @@ def engine_command(
     seed: int,
     threads: int,
     extra_args: dict,
+    python: str = "",
+    tp_size: int = 1,
 ) -> list[str]:
+    """The server's command line. `python` runs SGLang (default: this interpreter), so SGLang
+    can live in its own environment when its torch pin differs from the trainer's."""
     common = ["--model-path", model_path, "--host", host, "--port", str(port)]
     if kind == "torch":
         return [
@@ -64,7 +68,18 @@ def engine_command(
                 flags.append(flag)
             elif value is not False:
                 flags += [flag, str(value)]
-        return [sys.executable, "-m", "sglang.launch_server", *common, "--random-seed", str(seed), *flags]
+        interpreter = python or sys.executable
+        parallel = ["--tp-size", str(tp_size)] if tp_size != 1 else []
+        return [
+            interpreter,
+            "-m",
+            "sglang.launch_server",
+            *common,
+            "--random-seed",
+            str(seed),
+            *parallel,
+            *flags,
+        ]
     raise ValueError(f"rollout.engine: unknown engine kind {kind!r} (torch or sglang)")
 
 
@@ -78,9 +93,11 @@ def launch_engine(
     threads: int,
     extra_args: dict | None = None,
     log_path: str | None = None,
+    python: str = "",
+    tp_size: int = 1,
 ) -> EngineProcess:
     """Start an engine server; its stdout and stderr go to `log_path` (or are discarded)."""
-    cmd = engine_command(kind, model_path, host, port, seed, threads, extra_args or {})
+    cmd = engine_command(kind, model_path, host, port, seed, threads, extra_args or {}, python, tp_size)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     # the built-in server is a module of this repository, wherever the caller runs from
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))

@@ -12,6 +12,7 @@ import tempfile
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
+from infra.rollout.client import EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
 
@@ -37,10 +38,20 @@ class EngineActor:
             threads=self.cfg.cluster.threads_per_worker,
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
+            python=self.cfg.rollout.sglang_python,
+            tp_size=self.cfg.rollout.tp_size,
         )
         self.url = f"http://{host}:{port}"
         wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)
         return self.url
+
+    def load_weights_from_disk(self, uri: str, storage_options: dict, weight_version: str) -> None:
+        """Disk weight sync: the server needs a local path, so a remote (s3://) export is
+        downloaded on this node first, and removed once the server has loaded it."""
+        with tempfile.TemporaryDirectory(prefix="prl-weights-") as tmp:
+            local = localize(uri, storage_options, cache_root=tmp)
+            client = EngineClient(self.url, self.cfg.rollout.request_timeout_s)
+            client.update_weights_from_disk(local, weight_version)
 
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -49,3 +60,6 @@ class EngineActor:
         if self.proc is not None:
             stop_engine(self.proc)
             self.proc = None
+        # the log served start-up errors (quoted in them); a stopped engine leaves nothing behind
+        if os.path.exists(self.log_path):
+            os.remove(self.log_path)

@@ -13,6 +13,7 @@ import threading
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from infra.rollout.memory import WeightOffload
 from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
 from infra.weights.group import broadcast, close_update_group, open_update_group
@@ -26,7 +27,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 class EngineState:
-    def __init__(self, model_path: str, seed: int, weight_version: str):
+    def __init__(self, model_path: str, seed: int, weight_version: str, session: bool = True):
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # float32 on CPU (no fast bf16 kernels there); the checkpoint's own dtype on GPU
         dtype = "auto" if self.device.type == "cuda" else torch.float32
@@ -41,46 +42,68 @@ class EngineState:
         self.groups: dict[str, tuple[torch.distributed.ProcessGroup, str]] = {}
         self._aborts: dict[str, list[threading.Event]] = {}
         self._aborts_lock = threading.Lock()
+        self.session = session  # speak the update-session protocol (SGLang >= 0.5.23)
+        self._session_open = False
+        self.offload = WeightOffload(self.model)
 
     # ---- generation -------------------------------------------------------------------
 
-    def register(self, rids: list[str]) -> threading.Event:
-        """An abort flag for one request, reachable by each of its rids."""
-        flag = threading.Event()
+    def register(self, rids: list[str]) -> list[threading.Event]:
+        """An abort flag per sampled row, reachable by the row's rid."""
+        flags = [threading.Event() for _ in rids]
         with self._aborts_lock:
-            for rid in rids:
+            for rid, flag in zip(rids, flags, strict=True):
                 self._aborts.setdefault(rid, []).append(flag)
-        return flag
+        return flags
 
-    def unregister(self, rids: list[str], flag: threading.Event) -> None:
+    def unregister(self, rids: list[str], flags: list[threading.Event]) -> None:
         with self._aborts_lock:
-            for rid in rids:
-                flags = self._aborts.get(rid, [])
-                if flag in flags:
-                    flags.remove(flag)
-                if not flags:
+            for rid, flag in zip(rids, flags, strict=True):
+                held = self._aborts.get(rid, [])
+                if flag in held:
+                    held.remove(flag)
+                if not held:
                     self._aborts.pop(rid, None)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """As SGLang: a rid that is in flight aborts every in-flight rid it prefixes; an
+        unknown rid (or an empty one without abort_all) aborts nothing."""
         with self._aborts_lock:
-            flags = (
-                [f for fs in self._aborts.values() for f in fs] if abort_all else self._aborts.get(rid, [])
-            )
-            for flag in flags:
-                flag.set()
+            if abort_all:
+                hit = list(self._aborts)
+            elif rid and rid in self._aborts:
+                hit = [r for r in self._aborts if r.startswith(rid)]
+            else:
+                hit = []
+            for r in hit:
+                for flag in self._aborts[r]:
+                    flag.set()
 
     def generate(
-        self, prompts: list[list[int]], params: dict, seed: int | None, abort: threading.Event
+        self,
+        prompts: list[list[int]],
+        params: dict,
+        seed: int | list[int] | None,
+        aborts: list[threading.Event],
     ) -> tuple[list[SampleOut], str]:
-        """Sample all prompts in one batch; returns the outputs and the weight version used."""
+        """Sample all prompts in one batch; returns the outputs and the weight version used.
+
+        `seed`: None draws from the server's stream; an int seeds one generator for the
+        batch; a list seeds one generator per row."""
         with self.lock:
-            generator = self.generator if seed is None else torch.Generator().manual_seed(seed)
+            self.require_resident()
+            if seed is None:
+                generator = self.generator
+            elif isinstance(seed, list):
+                generator = [torch.Generator().manual_seed(s) for s in seed]
+            else:
+                generator = torch.Generator().manual_seed(seed)
             outs = sample_batch(
                 self.model,
                 prompts,
                 eos_token_id=self.tokenizer.eos_token_id,
                 generator=generator,
-                should_abort=abort.is_set,
+                should_abort=lambda: [flag.is_set() for flag in aborts],
                 **params,
             )
             return outs, self.weight_version
@@ -106,6 +129,30 @@ class EngineState:
             raise BadRequest(f"group_name: no weight-update group {name!r} (known: {sorted(self.groups)})")
         return self.groups[name]
 
+    def model_info(self) -> dict:
+        """`/model_info`, the fields SGLang answers that this engine knows."""
+        config = self.model.config
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "weight_version": self.weight_version,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+        }
+
+    def begin_update(self) -> str | None:
+        if self._session_open:
+            return "a weight-update session is already open; call end_weight_update() first"
+        self._session_open = True
+        return None
+
+    def end_update(self) -> str | None:
+        if not self._session_open:
+            return "no weight-update session is open; call begin_weight_update() first"
+        self._session_open = False
+        return None
+
     def update_from_distributed(
         self,
         names: list[str],
@@ -121,11 +168,18 @@ class EngineState:
             raise BadRequest(
                 f"names/dtypes/shapes: lengths differ ({len(names)}, {len(dtypes)}, {len(shapes)})"
             )
+        if self.session and not self._session_open:
+            # refused before any receive, as SGLang does: the sender's broadcast then times out
+            return (
+                "update_weights_from_distributed must run between "
+                "begin_weight_update() and end_weight_update()"
+            )
         group, backend = self._group(group_name)
         parsed = [parse_dtype(d) for d in dtypes]
         # gloo moves CPU tensors, nccl GPU tensors
         device = "cuda" if backend == "nccl" else "cpu"
         with self.lock:
+            self.require_resident()
             received = {}
             # Receive everything before validating: the trainer broadcasts all tensors
             # regardless, and skipping a receive would leave it hanging in a collective.
@@ -138,6 +192,7 @@ class EngineState:
     def update_from_disk(self, model_path: str, version: str | None) -> str | None:
         dtype = next(self.model.parameters()).dtype
         with self.lock:
+            self.require_resident()
             try:
                 fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             except OSError as exc:  # no such directory, or not an HF model directory
@@ -167,12 +222,38 @@ class EngineState:
             self.weight_version = version
         return None
 
-    def weights_by_name(self, name: str, truncate_size: int | None) -> list[float]:
+    def weights_by_name(self, name: str, truncate_size: int) -> list:
+        """As SGLang: the tensor cast to float32, as nested lists, its first `truncate_size`
+        rows (a 1-D tensor: its first values)."""
         params = self.model.state_dict()
         if name not in params:
             raise BadRequest(f"name: unknown parameter {name!r}")
         with self.lock:  # never read a tensor half-way through an update
-            flat = params[name].detach().float().flatten().cpu()
-        if truncate_size is not None and truncate_size > 0:
-            flat = flat[:truncate_size]
-        return flat.tolist()
+            self.require_resident()
+            values = params[name].detach().cpu().to(torch.float32).tolist()
+        return values[:truncate_size]
+
+    # ---- memory occupation (colocated mode) -------------------------------------------
+
+    def require_resident(self) -> None:
+        if self.offload.released:
+            raise BadRequest(
+                "engine memory is released (/release_memory_occupation): "
+                "call /resume_memory_occupation before generating or updating weights"
+            )
+
+    def release_memory(self, tags: list[str] | None) -> int:
+        """Free the weights (tags None or containing "weights"); returns the bytes freed.
+
+        Other SGLang tags ("kv_cache", "cuda_graph") hold nothing here: this server
+        allocates its KV cache per batch and frees it when the batch ends.
+        """
+        with self.lock:  # after any batch in flight
+            if tags is None or "weights" in tags:
+                return self.offload.release()
+            return 0
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        with self.lock:
+            if tags is None or "weights" in tags:
+                self.offload.resume()

@@ -12,12 +12,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from infra.config import RunConfig
-from infra.data.prompts import PromptSource, load_rows
+from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
+from infra.data.templating import PromptFormatter
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
-from infra.rollout.scoring import pass_at_k, rollout_stats, score_samples
+from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
+from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.eval_sets import EvalSet
+from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
@@ -25,13 +29,6 @@ from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 def _plain(value):
     # parquet hands back numpy arrays and scalars; the trainer expects Python lists/numbers
     return value.tolist() if hasattr(value, "tolist") else value
-
-
-def _split(path: str, split: str) -> str:
-    # builtin tasks carry their own train/eval split; files are used as given
-    if path.startswith("builtin:") and path.count(":") == 1:
-        return f"{path}:{split}"
-    return path
 
 
 class RolloutManager:
@@ -44,11 +41,21 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(localize(model_uri, opts))
         self.engines = [EngineClient(u, cfg.rollout.request_timeout_s) for u in engine_urls]
         data = cfg.data
-        train_rows = load_rows(_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
-        self.eval_rows = load_rows(_split(data.eval_path, "eval"), data.prompt_key, data.label_key, opts)
+        train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
+        self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
+            EvalSet.default(data, opts, self.cfg.eval)
+        ]
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
-        self.reward_fn = resolve_reward(data.reward)
+        self.reward_fn = resolve_reward(data.reward, data)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
+        self.generate_fn = resolve_generate_fn(cfg.rollout.generate_fn) if cfg.rollout.generate_fn else None
+        self.formatter = PromptFormatter(
+            self.tokenizer,
+            data.apply_chat_template,
+            data.system_prompt,
+            data.max_prompt_len,
+            data.overlong_prompt,
+        )
         self._batches: dict[int, RolloutBatch] = {}
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
@@ -72,37 +79,56 @@ class RolloutManager:
         return self.source.state(next_rollout_id)
 
     # -- generation ----------------------------------------------------------------------
-    def _sample(self, rows: list[dict], n: int, temperature: float, seed: int, rid: str) -> list[Sample]:
-        """Send prompt groups to the engines (contiguous chunks, one request each, in parallel)."""
+    def _sample(
+        self,
+        rows: list[dict],
+        n: int,
+        temperature: float,
+        seed: int,
+        rid: str,
+        max_new_tokens: int | None = None,
+    ) -> list[Sample]:
+        """Send prompt groups to the engines (contiguous chunks, one request each, in parallel).
+
+        Every sample is its own input with its own rid (`{rid}-{index}`), so /abort_request
+        reaches exactly that sample, and its own sampling_seed (`seed + index`), so no two
+        copies of a GRPO group share a seed (SGLang gives n>1 copies one seed, and fresh
+        random rids). Samples of one prompt are consecutive inputs: SGLang's prefix cache
+        shares their prompt.
+        """
         s = self.cfg.rollout.sampling
         params = {
-            "max_new_tokens": s.max_new_tokens,
+            "max_new_tokens": max_new_tokens or s.max_new_tokens,
             "temperature": temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
             "stop_token_ids": self.stop_ids,
-            "n": n,
         }
-        prompt_ids = [self.tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
-        per_engine = -(-len(rows) // len(self.engines))
-        chunks = [range(i, min(i + per_engine, len(rows))) for i in range(0, len(rows), per_engine)]
+        if self.generate_fn is not None:
+            return self._sample_custom(rows, n, params, seed, rid)
+        prompt_ids = [r["prompt_ids"] for r in rows]
+        total = len(rows) * n
+        per_engine = -(-len(rows) // len(self.engines)) * n  # whole groups per engine
+        chunks = [range(i, min(i + per_engine, total)) for i in range(0, total, per_engine)]
 
         def run(e: int) -> list[dict]:
             idx = chunks[e]
             return self.engines[e].generate(
-                [prompt_ids[i] for i in idx], {**params, "sampling_seed": seed + e}, rid=f"{rid}-e{e}"
+                [prompt_ids[j // n] for j in idx],
+                [{**params, "sampling_seed": seed + j} for j in idx],
+                rid=[f"{rid}-{j:07d}" for j in idx],
             )
 
         with ThreadPoolExecutor(len(chunks)) as pool:
             outs = [o for chunk_outs in pool.map(run, range(len(chunks))) for o in chunk_outs]
         samples = []
-        for j, out in enumerate(outs):  # SGLang orders n>1 outputs input-major
+        for j, out in enumerate(outs):  # sample j is copy j % n of prompt j // n
             g = j // n
             meta = out["meta_info"]
             finish = (meta.get("finish_reason") or {}).get("type", "")
             samples.append(
                 Sample(
-                    prompt=rows[g]["prompt"],
+                    prompt=rows[g]["prompt_text"],
                     label=rows[g]["label"],
                     response=self.tokenizer.decode(out["output_ids"], skip_special_tokens=True),
                     prompt_ids=prompt_ids[g],
@@ -116,6 +142,63 @@ class RolloutManager:
             )
         return samples
 
+    def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:
+        """rollout.generate_fn over each prompt group (groups spread over the engines)."""
+
+        def run(g: int) -> list[Trajectory]:
+            row, first = rows[g], g * n
+            request = GroupRequest(
+                prompt=row["prompt_text"],
+                prompt_ids=row["prompt_ids"],
+                label=row["label"],
+                n=n,
+                sampling_params=dict(params),
+                seeds=[seed + first + i for i in range(n)],
+                rids=[f"{rid}-{first + i:07d}" for i in range(n)],
+                engine=self.engines[g % len(self.engines)],
+                tokenizer=self.tokenizer,
+            )
+            out = list(self.generate_fn(request))
+            if len(out) != n:
+                raise ValueError(f"rollout.generate_fn returned {len(out)} trajectories for n={n}")
+            for t in out:
+                t.check()
+            return out
+
+        with ThreadPoolExecutor(min(16, len(rows))) as pool:
+            groups = list(pool.map(run, range(len(rows))))
+        return [
+            Sample(
+                prompt=rows[g]["prompt_text"],
+                label=rows[g]["label"],
+                response=self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                prompt_ids=rows[g]["prompt_ids"],
+                response_ids=list(t.response_ids),
+                engine_logprobs=[float(x) for x in t.engine_logprobs],
+                weight_version=int(t.weight_version),
+                group=g,
+                status={"length": "truncated", "abort": "aborted"}.get(t.finish_reason, "completed"),
+                finish_reason=t.finish_reason,
+                loss_mask=list(t.loss_mask),
+            )
+            for g, trajectories in enumerate(groups)
+            for t in trajectories
+        ]
+
+    def _fit(self, rows: list[dict]) -> tuple[list[dict], int]:
+        """Rows with their prompt ids and the text the model sees; prompts over
+        data.max_prompt_len are dropped (and counted) or truncated, per data.overlong_prompt."""
+        fitted = []
+        for row in rows:
+            ids = self.formatter.ids(row["prompt"])
+            if ids is not None:
+                fitted.append({**row, "prompt_ids": ids, "prompt_text": self.formatter.text(row["prompt"])})
+        if not fitted:
+            raise ValueError(
+                f"data.max_prompt_len={self.cfg.data.max_prompt_len}: every prompt of the batch is longer"
+            )
+        return fitted, len(rows) - len(fitted)
+
     def generate(self, rollout_id: int) -> dict:
         """Roll out iteration `rollout_id`; a repeat call (a task retry) returns the same batch."""
         with self._lock:
@@ -123,20 +206,37 @@ class RolloutManager:
                 return self._summaries[rollout_id]
         t0 = time.monotonic()
         r = self.cfg.rollout
-        seed = r.seed * 1_000_003 + rollout_id * 1009
-        samples = self._sample(
-            self.source.batch(rollout_id),
-            r.n_samples_per_prompt,
-            r.sampling.temperature,
-            seed,
-            f"r{rollout_id}",
-        )
-        t_gen = time.monotonic() - t0
-        score_samples(samples, self.reward_fn, self.cfg.algorithm.normalize_advantage_std)
-        uri = write_rollout(self.store, rollout_id, samples)
-        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri)
+        seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
+        rows, dropped = self._fit(self.source.batch(rollout_id))
+        d = self.cfg.data
 
-    def _keep(self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str) -> dict:
+        def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
+            suffix = f"-d{round_}" if round_ else ""
+            out = self._sample(
+                rows,
+                r.n_samples_per_prompt,
+                r.sampling.temperature,
+                seed + round_ * 2**16,  # 2**16 samples a round at most keep seeds distinct
+                f"r{rollout_id}{suffix}",
+            )
+            score_samples(out, self.reward_fn, None, d.reward_timeout_s)
+            return out
+
+        extra: dict = {}
+        if r.dynamic_sampling:
+            samples, extra = fill_with_signal(draw, len(rows), r.dynamic_sampling_max_rounds)
+        else:
+            samples = draw(0)
+        t_gen = time.monotonic() - t0
+        assign_advantages(samples, self.cfg.algorithm)
+        uri = write_rollout(self.store, rollout_id, samples)
+        check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
+        extra["prompts_dropped"] = dropped
+        return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
+
+    def _keep(
+        self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str, extra: dict | None = None
+    ) -> dict:
         summary = {
             "rollout_id": batch.rollout_id,
             **rollout_stats(batch.samples),
@@ -144,6 +244,7 @@ class RolloutManager:
             "time_generate_s": t_gen,
             "time_rollout_s": t_all,
             "rollout_uri": uri,
+            **(extra or {}),
         }
         with self._lock:
             self._batches[batch.rollout_id] = batch
@@ -183,19 +284,30 @@ class RolloutManager:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
+        """Every eval set; the first set's metrics also under the plain `eval_*` keys."""
         t0 = time.monotonic()
-        e = self.cfg.eval
-        rows = self.eval_rows[: e.num_prompts]
-        samples = self._sample(
-            rows, e.n_samples, e.temperature, self.cfg.rollout.seed + 7, f"eval{rollout_id}"
-        )
-        score_samples(samples, self.reward_fn, normalize_std=False)
-        result = {"eval_reward_mean": rollout_stats(samples)["reward_mean"], "eval_num_samples": len(samples)}
-        for k in e.pass_k:
-            result[f"eval_pass@{k}"] = pass_at_k(samples, k)
+        result: dict = {}
+        for i, es in enumerate(self.eval_sets):
+            rows, _ = self._fit(es.rows)
+            samples = self._sample(
+                rows,
+                es.n_samples,
+                es.temperature,
+                self.cfg.rollout.seed * 2**40 + 2**39 + rollout_id * 2**20 + i * 2**16,
+                f"eval{rollout_id}-{es.name}",
+                es.max_new_tokens,
+            )
+            score_samples(samples, es.reward_fn or self.reward_fn, None, self.cfg.data.reward_timeout_s)
+            metrics = {"reward_mean": rollout_stats(samples)["reward_mean"], "num_samples": len(samples)}
+            for k in self.cfg.eval.pass_k:
+                metrics[f"pass@{k}"] = pass_at_k(samples, k)
+            prefixes = ["eval_"] if es.name == "" else [f"eval_{es.name}_"] + (["eval_"] if i == 0 else [])
+            for prefix in prefixes:
+                result.update({f"{prefix}{key}": value for key, value in metrics.items()})
+            if i == 0:
+                result["examples"] = [
+                    {"prompt": s.prompt, "response": s.response, "label": s.label, "reward": s.reward}
+                    for s in samples[:: max(1, es.n_samples)][:5]
+                ]
         result["time_eval_s"] = time.monotonic() - t0
-        result["examples"] = [
-            {"prompt": s.prompt, "response": s.response, "label": s.label, "reward": s.reward}
-            for s in samples[:: max(1, e.n_samples)][:5]
-        ]
         return result

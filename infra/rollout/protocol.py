@@ -36,9 +36,9 @@ class SamplingParams(_Body):
     stop_token_ids: list[int] | None = None
     # single-token strings only: the engine matches tokens, not text
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=1024)
     ignore_eos: bool = False
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(None, ge=0, le=2**63 - 1)
     # these two shape only `text`, as in SGLang
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -47,7 +47,8 @@ class SamplingParams(_Body):
 class GenerateReq(_Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    # one for all inputs, or one per input (as SGLang: then each may carry its own seed)
+    sampling_params: SamplingParams | list[SamplingParams] = Field(default_factory=SamplingParams)
     return_logprob: bool = False
     # accepted for compatibility; only response-token logprobs are returned
     logprob_start_len: int = -1
@@ -94,9 +95,22 @@ class AbortReq(_Body):
     abort_all: bool = False
 
 
+class MemoryOccupationReq(_Body):
+    # SGLang's tags: "weights", "kv_cache", "cuda_graph"; None means all of them
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = None
+
+
 class WeightsByNameReq(_Body):
     name: str
-    truncate_size: int | None = 100
+    truncate_size: int = 100  # as SGLang: an int, never null
+
+
+class BeginWeightUpdateReq(_Body):
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateReq(_Body):
+    pass
 
 
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
@@ -128,14 +142,91 @@ def prompts_of(
     return prompts, single
 
 
-def rids_of(rid: str | list[str] | None, num_inputs: int) -> list[str]:
-    if rid is None:
-        return [uuid.uuid4().hex] * num_inputs
+# Sequences one /generate may ask for (inputs x n): one batch holds them all in memory.
+MAX_SEQUENCES = 4096
+
+
+def check_limits(sp: SamplingParams, n: int, prompts: list[list[int]], max_positions: int | None) -> None:
+    """Refuse a request the model cannot serve (rather than fail mid-decode with a 500, or
+    decode for hours): every prompt plus max_new_tokens within the model's positions."""
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise BadRequest(
+            f"sampling_params.n: {len(prompts)} inputs x n={n} exceeds {MAX_SEQUENCES} sequences per request"
+        )
+    if max_positions is None:
+        return
+    longest = max(len(p) for p in prompts)
+    if longest >= max_positions:
+        raise BadRequest(
+            f"input_ids: a prompt of {longest} tokens fills the model's {max_positions} positions"
+        )
+    if longest + sp.max_new_tokens > max_positions:
+        raise BadRequest(
+            f"sampling_params.max_new_tokens: {sp.max_new_tokens} new tokens after a prompt of {longest} "
+            f"exceed the model's {max_positions} positions"
+        )
+
+
+def sampling_params_of(req: GenerateReq, num_inputs: int) -> list[SamplingParams]:
+    """One SamplingParams per input; a list must have one per input and share `n`."""
+    sps = req.sampling_params
+    if not isinstance(sps, list):
+        return [sps] * num_inputs
+    if len(sps) != num_inputs:
+        raise BadRequest(f"sampling_params: {len(sps)} entries for {num_inputs} inputs")
+    if len({sp.n for sp in sps}) > 1:
+        raise BadRequest("sampling_params: n must be the same for all inputs")
+    return sps
+
+
+def rids_of(rid: str | list[str] | None, num_inputs: int, n: int, single: bool) -> list[str]:
+    """The rid of every sampled sequence, input-major, as SGLang assigns them.
+
+    A single input with n=1 keeps its rid. Otherwise a string rid becomes `rid_0`,
+    `rid_1`, ... and a list must hold one rid per input. With n>1 SGLang then gives every
+    copy a fresh random rid (the given ones are not reachable by /abort_request), so
+    here too: per-sample rids need n=1 with each sample its own input.
+    """
+    if single and n == 1:
+        return [rid if isinstance(rid, str) else uuid.uuid4().hex]
+    if isinstance(rid, list):
+        if len(rid) != num_inputs:
+            raise BadRequest(f"rid: {len(rid)} rids for {num_inputs} inputs")
+        if len(set(rid)) != len(rid):
+            raise BadRequest("rid: duplicate request ids within the request")
+    elif rid is not None and not isinstance(rid, str):
+        raise BadRequest("rid: a string or a list of strings")
+    if n > 1:
+        return [uuid.uuid4().hex for _ in range(num_inputs * n)]
     if isinstance(rid, str):
-        return [rid] * num_inputs
-    if len(rid) != num_inputs:
-        raise BadRequest(f"rid: {len(rid)} rids for {num_inputs} inputs")
-    return rid
+        return [f"{rid}_{i}" for i in range(num_inputs)]
+    return rid or [uuid.uuid4().hex for _ in range(num_inputs)]
+
+
+def shared_params(sps: list[SamplingParams]) -> SamplingParams:
+    """The settings of a batch, which this engine samples in one go: per-input parameters
+    may differ in `sampling_seed` only."""
+    first = sps[0].model_dump(exclude={"sampling_seed"})
+    for sp in sps[1:]:
+        if sp.model_dump(exclude={"sampling_seed"}) != first:
+            raise BadRequest("sampling_params: per-input parameters may differ only in sampling_seed here")
+    return sps[0]
+
+
+def seeds_of(req: GenerateReq, sps: list[SamplingParams], n: int) -> int | list[int] | None:
+    """A seed for the whole batch (one dict), one per sampled row (a list), or None.
+
+    Per-input seeds seed one generator per row; the n copies of an input share its seed
+    and so come out identical, as on SGLang with deterministic inference.
+    """
+    if not isinstance(req.sampling_params, list):
+        return req.sampling_params.sampling_seed
+    seeds = [sp.sampling_seed for sp in sps]
+    if all(s is None for s in seeds):
+        return None
+    if any(s is None for s in seeds):
+        raise BadRequest("sampling_params: sampling_seed must be set for every input or for none")
+    return [s for s in seeds for _ in range(n)]
 
 
 def stop_ids_of(sp: SamplingParams, tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -154,10 +245,10 @@ def reply(
     rid: str,
     version: str,
     req: GenerateReq,
+    sp: SamplingParams,
     tokenizer: PreTrainedTokenizerBase,
 ) -> dict:
-    """One SGLang /generate answer for one sampled sequence."""
-    sp = req.sampling_params
+    """One SGLang /generate answer for one sampled sequence (`sp`: its input's parameters)."""
     text_ids = out.output_ids
     # As SGLang: the matched stop token stays in output_ids but is trimmed from the text.
     if out.finish_reason["type"] == "stop" and not sp.no_stop_trim:

@@ -52,6 +52,18 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
+    if not isinstance(generator, list):
+        return torch.multinomial(probs, 1, generator=generator).flatten()
+    # one uniform per row from the row's own generator, then the inverse CDF: ~4x faster
+    # than a multinomial call per row. Normalised by its last entry the CDF ends at exactly
+    # 1, and `right=True` never lands on a zero-probability token.
+    u = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in generator])
+    cdf = probs.double().cumsum(dim=-1)
+    cdf = cdf / cdf[:, -1:]
+    return torch.searchsorted(cdf, u[:, None], right=True).flatten().clamp(max=probs.shape[-1] - 1)
+
+
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
@@ -77,15 +89,19 @@ def sample_batch(
     stop_token_ids: set[int] | frozenset[int] = frozenset(),
     eos_token_id: int | None = None,
     ignore_eos: bool = False,
-    generator: torch.Generator | None = None,
-    should_abort: Callable[[], bool] | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    should_abort: Callable[[], list[bool]] | None = None,
 ) -> list[SampleOut]:
     """Sample a continuation of every prompt in one batch; deterministic given `generator`.
 
     The token that ends a sequence (a stop token, or eos unless `ignore_eos`) is included
     in its `output_ids` and `logprobs`, as SGLang does for `stop_token_ids`. `generator`
-    is a CPU generator: the draw happens on CPU so a seed means the same on any device.
+    is a CPU generator (the draw happens on CPU so a seed means the same on any device), or
+    one per row: then a row's tokens depend on its own seed only, not on its batch.
+    `should_abort` answers one flag per row; a flagged row ends with finish_reason abort.
     """
+    if isinstance(generator, list) and len(generator) != len(prompts):
+        raise ValueError(f"generator: {len(generator)} generators for {len(prompts)} prompts")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: every prompt needs at least one token")
     device = next(model.parameters()).device
@@ -103,10 +119,13 @@ def sample_batch(
     cache_kw = _cache_kwarg(model)
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
-        if should_abort is not None and should_abort():
-            for row in live.nonzero().flatten().tolist():
-                outs[row].finish_reason = {"type": "abort"}
-            return outs
+        if should_abort is not None:
+            for row, aborted in enumerate(should_abort()):
+                if aborted and live[row]:
+                    outs[row].finish_reason = {"type": "abort"}
+                    live[row] = False
+            if not live.any():
+                return outs
         logits = (
             model(
                 input_ids=step_ids,
@@ -129,7 +148,7 @@ def sample_batch(
             tokens = scaled.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
-            tokens = torch.multinomial(probs.cpu(), 1, generator=generator).flatten().to(device)
+            tokens = _draw(probs.cpu(), generator).to(device)
         token_logprobs = logprobs.gather(-1, tokens[:, None]).flatten().tolist()
         for row, (token, lp) in enumerate(zip(tokens.tolist(), token_logprobs, strict=True)):
             if not live[row]:

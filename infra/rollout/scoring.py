@@ -6,25 +6,60 @@ from collections import defaultdict
 from collections.abc import Callable
 from math import comb
 
+from infra.config import AlgorithmConfig
 from infra.data.rewards import score
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import grpo_advantages
+from infra.trainer.advantages import compute_advantages, zero_variance_groups
 
 
-def score_samples(samples: list[Sample], reward_fn: Callable, normalize_std: bool) -> None:
-    """Fill reward, status and advantage in place.
+class TooManyFailedSamples(ValueError):
+    """More of a rollout's samples failed than `data.max_failed_fraction` allows."""
 
-    A reward that raises marks only its sample `failed` with reward 0: one bad completion
-    must not stop a training run.
+
+def score_samples(
+    samples: list[Sample],
+    reward_fn: Callable,
+    algorithm: AlgorithmConfig | None,
+    timeout_s: float | None = None,
+) -> None:
+    """Fill reward, status and (with `algorithm`) advantage in place.
+
+    A reward that raises or runs past `timeout_s` marks only its sample `failed` with
+    reward 0: one bad completion must not stop a training run (`check_failures` stops one
+    where most do).
     """
-    results = score(reward_fn, [(s.prompt, s.response, s.label) for s in samples])
+    items = [(s.prompt, s.response, s.label) for s in samples]
+    results = score(reward_fn, items, timeout_s=timeout_s, groups=[s.group for s in samples])
     for s, res in zip(samples, results, strict=True):
         s.reward = res.reward
         if res.status == "failed":
             s.status, s.error = "failed", res.error
-    advantages = grpo_advantages([s.reward for s in samples], [s.group for s in samples], normalize_std)
+    if algorithm is not None:
+        assign_advantages(samples, algorithm)
+
+
+def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None:
+    """The estimator's advantage on every sample (samples without a prompt have no loss tokens)."""
+    advantages = compute_advantages(
+        algorithm.advantage_estimator,
+        [s.reward for s in samples],
+        [s.group for s in samples],
+        [len(s.response_ids) if s.prompt_ids else 0 for s in samples],
+        normalize_std=algorithm.normalize_advantage_std,
+        unbiased_std=algorithm.unbiased_std,
+    )
     for s, a in zip(samples, advantages, strict=True):
         s.advantage = a
+
+
+def check_failures(samples: list[Sample], max_fraction: float, where: str) -> None:
+    failed = [s for s in samples if s.status == "failed"]
+    if samples and len(failed) / len(samples) > max_fraction:
+        raise TooManyFailedSamples(
+            f"{len(failed)} of {len(samples)} samples failed their reward "
+            f"({len(failed) / len(samples):.0%} > data.max_failed_fraction={max_fraction:g}); "
+            f"first error: {failed[0].error}; samples with errors: {where}"
+        )
 
 
 def rollout_stats(samples: list[Sample]) -> dict:
@@ -38,9 +73,15 @@ def rollout_stats(samples: list[Sample]) -> dict:
         "truncated_frac": sum(s.status == "truncated" for s in samples) / n,
         "reward_failures": sum(s.status == "failed" for s in samples),
         "num_samples": n,
+        "zero_variance_group_frac": _flat_share(samples),
         "weight_version": min(s.weight_version for s in samples),
         "weight_version_max": max(s.weight_version for s in samples),
     }
+
+
+def _flat_share(samples: list[Sample]) -> float:
+    flat, total = zero_variance_groups([s.reward for s in samples], [s.group for s in samples])
+    return flat / total
 
 
 def pass_at_k(samples: list[Sample], k: int) -> float:

@@ -3,6 +3,17 @@ system uses, with SGLang 0.5.x field names, so the rollout and weight-sync code 
 same against this server and against `sglang.launch_server` on GPUs.
 
     python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
+        [--weight-update-session on|off]
+
+`--weight-update-session on` (default) speaks SGLang >= 0.5.23: distributed weight updates
+are refused outside `/begin_weight_update` ... `/end_weight_update`. `off` speaks SGLang
+0.5.16, which has no such routes.
+
+It binds loopback unless told otherwise, reads models from local paths only (the hub is
+switched off), and with an API key (env PRL_ENGINE_API_KEY, SGLang's `--api-key` scheme:
+`Authorization: Bearer <key>`) answers only requests that carry it. A request the model
+cannot serve (too long, too many sequences) gets a 400 naming the field; a client that
+hangs up cancels its generation; /health turns 503 when generation stops making progress.
 
 SGLang's `update_weights_from_tensor` is deliberately absent: its payload is pickled, and
 this server never unpickles anything that arrives over the network. Weights come by
@@ -13,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from fastapi import FastAPI, Request
@@ -22,18 +36,49 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from infra.rollout import protocol as p
+from infra.rollout.client import API_KEY_ENV
 from infra.rollout.engine_state import EngineState
+from infra.rollout.guards import BeatingFlag, Progress, RequireKey
 from infra.rollout.protocol import BadRequest
 
 
-def _fail(message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=400)
+def _fail(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
-def create_app(state: EngineState) -> FastAPI:
+def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 120.0) -> FastAPI:
     app = FastAPI(title="prefect-rl built-in engine")
     running = asyncio.Event()  # cleared by /pause_generation: new requests wait
     running.set()
+    # Generation has its own threads: weight-group joins blocked on absent peers (which
+    # use the default pool) can never starve it.
+    gen_pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
+    progress = Progress()
+    max_positions = getattr(state.model.config, "max_position_embeddings", None)
+
+    async def _generate_in_pool(batch, params, seed, flags: list[threading.Event], request: Request | None):
+        with progress.lock:
+            if not progress.active:
+                progress.beat()
+            progress.active += 1
+        try:
+            beating = [BeatingFlag(flag, progress) for flag in flags]
+            call = functools.partial(state.generate, batch, params, seed, beating)
+            task = asyncio.get_running_loop().run_in_executor(gen_pool, call)
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if request is not None and await request.is_disconnected():
+                    for flag in flags:  # the client is gone: the decode loop ends at its next step
+                        flag.set()
+        finally:
+            with progress.lock:
+                progress.active -= 1
+                progress.beat()
+
+    if api_key:
+        app.add_middleware(RequireKey, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -48,13 +93,19 @@ def create_app(state: EngineState) -> FastAPI:
         # e.g. a weight-update group that timed out: the caller gets the reason, not a bare 500
         return JSONResponse({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _fail(f"internal error: {type(exc).__name__}: {exc}", 500)
+
     @app.post("/generate")
-    async def generate(req: p.GenerateReq):
+    async def generate(req: p.GenerateReq, request: Request):
         if req.stream:
             raise BadRequest("stream: streaming is not supported by the built-in engine")
-        sp = req.sampling_params
         prompts, single = p.prompts_of(req, state.tokenizer, state.model.config.vocab_size)
-        rids = p.rids_of(req.rid, len(prompts))
+        sps = p.sampling_params_of(req, len(prompts))
+        sp, n = p.shared_params(sps), sps[0].n
+        p.check_limits(sp, n, prompts, max_positions)
+        rids = p.rids_of(req.rid, len(prompts), n, single)
         params = {
             "max_new_tokens": sp.max_new_tokens,
             "temperature": sp.temperature,
@@ -64,19 +115,20 @@ def create_app(state: EngineState) -> FastAPI:
             "ignore_eos": sp.ignore_eos,
         }
         # n samples of each input, input-major as SGLang orders them; all in one batch
-        expanded = [(prompt, rid) for prompt, rid in zip(prompts, rids, strict=True) for _ in range(sp.n)]
-        flag = state.register(sorted(set(rids)))
+        rows = [(prompt, isp) for prompt, isp in zip(prompts, sps, strict=True) for _ in range(n)]
+        seeds = p.seeds_of(req, sps, n)
+        flags = state.register(rids)
         try:
             await running.wait()
-            batch = [prompt for prompt, _ in expanded]
-            outs, version = await asyncio.to_thread(state.generate, batch, params, sp.sampling_seed, flag)
+            batch = [prompt for prompt, _ in rows]
+            outs, version = await _generate_in_pool(batch, params, seeds, flags, request)
         finally:
-            state.unregister(sorted(set(rids)), flag)
+            state.unregister(rids, flags)
         replies = [
-            p.reply(o, len(pr), rid, version, req, state.tokenizer)
-            for o, (pr, rid) in zip(outs, expanded, strict=True)
+            p.reply(o, len(pr), rid, version, req, isp, state.tokenizer)
+            for o, (pr, isp), rid in zip(outs, rows, rids, strict=True)
         ]
-        return replies[0] if single and sp.n == 1 else replies
+        return replies[0] if single and n == 1 else replies
 
     @app.post("/init_weights_update_group")
     async def init_group(req: p.InitGroupReq):
@@ -90,6 +142,19 @@ def create_app(state: EngineState) -> FastAPI:
         )
         await asyncio.to_thread(state.open_group, *args)
         return {"success": True, "message": f"joined group {req.group_name!r} as rank {req.rank_offset}"}
+
+    if state.session:
+        # SGLang >= 0.5.23: distributed updates only between these two calls. Without the
+        # switch the routes do not exist (404), as on SGLang 0.5.16.
+        @app.post("/begin_weight_update")
+        async def begin_update(req: p.BeginWeightUpdateReq):
+            error = state.begin_update()
+            return _fail(error) if error else {"success": True, "message": "Success"}
+
+        @app.post("/end_weight_update")
+        async def end_update(req: p.EndWeightUpdateReq):
+            error = state.end_update()
+            return _fail(error) if error else {"success": True, "message": "Success"}
 
     @app.post("/update_weights_from_distributed")
     async def update_distributed(req: p.UpdateFromDistributedReq):
@@ -128,15 +193,31 @@ def create_app(state: EngineState) -> FastAPI:
         state.abort(req.rid, req.abort_all)
         return {"success": True, "message": "aborted"}
 
+    @app.post("/release_memory_occupation")
+    async def release_memory(req: p.MemoryOccupationReq):
+        freed = await asyncio.to_thread(state.release_memory, req.tags)
+        return {"success": True, "message": f"released {freed} bytes of weights"}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(req: p.MemoryOccupationReq):
+        await asyncio.to_thread(state.resume_memory, req.tags)
+        return {"success": True, "message": "resumed"}
+
     @app.get("/health")
     async def health():
+        stalled = progress.stalled_for()
+        if stalled > stall_s:
+            return JSONResponse(
+                {"status": "stalled", "message": f"no generation progress for {stalled:.0f} s"},
+                status_code=503,
+            )
         return {"status": "ok"}
 
     @app.get("/health_generate")
     async def health_generate():
         prompt = [state.tokenizer.bos_token_id or 0]
         # its own seed, so health probes do not shift the server's sampling stream
-        await asyncio.to_thread(state.generate, [prompt], {"max_new_tokens": 1}, 0, threading.Event())
+        await _generate_in_pool([prompt], {"max_new_tokens": 1}, 0, [threading.Event()], None)
         return {"status": "ok"}
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
@@ -149,13 +230,23 @@ def create_app(state: EngineState) -> FastAPI:
             raise BadRequest(p.validation_message(exc)) from exc
         return await asyncio.to_thread(state.weights_by_name, req.name, req.truncate_size)
 
-    @app.get("/get_model_info")
+    @app.get("/model_info")
     async def model_info():
-        return {"model_path": state.model_path, "is_generation": True, "weight_version": state.weight_version}
+        return state.model_info()
 
-    @app.get("/get_weight_version")
-    async def weight_version():
-        return {"weight_version": state.weight_version}
+    @app.get("/get_model_info")  # SGLang's deprecated alias
+    async def get_model_info():
+        return state.model_info()
+
+    @app.get("/server_info")
+    async def server_info():
+        # the launch arguments the clients read, with SGLang's names; dtype is resolved
+        return {
+            "model_path": state.model_path,
+            "dtype": str(next(state.model.parameters()).dtype).removeprefix("torch."),
+            "tp_size": 1,
+            "version": "builtin",
+        }
 
     return app
 
@@ -170,11 +261,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--health-stall-s", type=float, default=120.0)
+    parser.add_argument(
+        "--weight-update-session",
+        choices=["on", "off"],
+        default="on",
+        help="on: speak SGLang >= 0.5.23 (distributed updates only inside /begin_weight_update "
+        "... /end_weight_update); off: speak SGLang 0.5.16 (no such routes)",
+    )
     args = parser.parse_args(argv)
+    # Models come from local paths only: a hub name must fail at once, never download.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
     torch.set_num_threads(args.threads)
-    app = create_app(EngineState(args.model_path, args.seed, args.weight_version))
-    # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    api_key = os.environ.pop(API_KEY_ENV, None)  # from the environment: argv is visible to `ps`
+    state = EngineState(args.model_path, args.seed, args.weight_version, args.weight_update_session == "on")
+    app = create_app(state, api_key=api_key, stall_s=args.health_stall_s)
+    try:
+        # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    finally:
+        state.offload.discard()  # a released model's copy on disk
 
 
 if __name__ == "__main__":

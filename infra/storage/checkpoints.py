@@ -13,7 +13,7 @@ import hashlib
 import json
 
 from infra.config import RunConfig
-from infra.storage.fs import RunStore
+from infra.storage.fs import RunStore, read_uri, uri_exists
 
 MARKER = "COMMITTED"
 # Sections that define what is being trained; changing them makes a checkpoint foreign.
@@ -62,6 +62,11 @@ class CheckpointStore:
                 self.store.delete(self._rel(k), recursive=True)
         return self.uri(rollout_id)
 
+    def discard(self, rollout_id: int) -> None:
+        """Remove a checkpoint (marker first, so it is never seen half-deleted as whole)."""
+        self.store.delete(self._rel(rollout_id, MARKER))
+        self.store.delete(self._rel(rollout_id), recursive=True)
+
     def commit(self, rollout_id: int, meta: dict) -> str:
         self.store.write_text(self._rel(rollout_id, "meta.json"), json.dumps(meta, indent=2, sort_keys=True))
         self.store.write_text(self._rel(rollout_id, MARKER), "")
@@ -83,10 +88,7 @@ class CheckpointStore:
 
 def read_committed_meta(uri: str, storage_options: dict) -> dict:
     """meta.json of the checkpoint at `uri`, refusing folders without the commit marker."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
-    if not fs.exists(f"{path}/{MARKER}"):
+    uri = uri.rstrip("/")
+    if not uri_exists(f"{uri}/{MARKER}", storage_options):
         raise FileNotFoundError(f"checkpoint.resume: {uri} is not a complete checkpoint (no {MARKER} marker)")
-    with fs.open(f"{path}/meta.json", "r") as f:
-        return json.load(f)
+    return json.loads(read_uri(f"{uri}/meta.json", storage_options))

@@ -1,5 +1,12 @@
 """Paths and files of a run, on a local folder or S3, through one fsspec interface.
 
+This module is the storage seam: every read and write of run data (checkpoint files,
+rollouts, metrics, model directories) goes through `RunStore` or the directory helpers
+below, so retries and error messages live here. Remote operations are retried with
+backoff while the endpoint is down or erroring (`storage.retry_timeout_s`). Nothing here
+creates a bucket: S3 has no folders, so no `mkdir`/`makedirs` is ever sent to it (s3fs
+turns one on a missing bucket into CreateBucket).
+
 Every worker (driver, Ray actors on other nodes) builds its own `RunStore` from the same
 `StorageConfig`, so a store is cheap to create and carries no credentials.
 """
@@ -13,6 +20,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from infra.config import StorageConfig
+from infra.storage.retry import with_retries
+
+DEFAULT_RETRY_S = StorageConfig.model_fields["retry_timeout_s"].default
 
 
 def storage_options(cfg: StorageConfig) -> dict:
@@ -53,6 +63,41 @@ def filesystem(uri: str, options: dict) -> tuple[fsspec.AbstractFileSystem, str]
     return fsspec.core.url_to_fs(uri, **options)
 
 
+def upload_dir(local_dir: str, uri: str, options: dict, retry_s: float = DEFAULT_RETRY_S) -> None:
+    """Copy the files of `local_dir` to `uri` (replacing what is there), `config.json` last:
+    a reader that waits for config.json never sees a half-written model directory."""
+    fs, path = filesystem(uri, options)
+    names = sorted(os.listdir(local_dir), key=lambda n: n == "config.json")
+    if isinstance(fs, LocalFileSystem):
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+        os.makedirs(path, exist_ok=True)
+    else:
+        with_retries(lambda: fs.exists(path) and fs.rm(path, recursive=True), f"clear {uri}", retry_s)
+    for name in names:
+        src, dst = os.path.join(local_dir, name), f"{path}/{name}"
+        with_retries(lambda s=src, d=dst: fs.put_file(s, d), f"upload {uri}/{name}", retry_s)
+
+
+def download_dir(uri: str, local_dir: str, options: dict, retry_s: float = DEFAULT_RETRY_S) -> None:
+    fs, path = filesystem(uri, options)
+    with_retries(lambda: fs.get(f"{path}/", local_dir + "/", recursive=True), f"download {uri}", retry_s)
+
+
+def uri_exists(uri: str, options: dict, retry_s: float = DEFAULT_RETRY_S) -> bool:
+    fs, path = filesystem(uri, options)
+    fs.invalidate_cache(path)
+    return with_retries(lambda: fs.exists(path), f"look up {uri}", retry_s)
+
+
+def read_uri(uri: str, options: dict, retry_s: float = DEFAULT_RETRY_S) -> bytes:
+    fs, path = filesystem(uri, options)
+    try:
+        return with_retries(lambda: fs.cat_file(path), f"read {uri}", retry_s)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {uri}") from None
+
+
 def join(uri: str, *parts: str) -> str:
     """`uri/part/...` with exactly one slash between pieces (empty parts are skipped)."""
     pieces = [uri.rstrip("/")] + [p.strip("/") for p in parts if p.strip("/")]
@@ -68,6 +113,13 @@ class RunStore:
         self.options: dict = storage_options(cfg)
         self.fs, self._root = filesystem(self.run_uri, self.options)
         self.is_local: bool = isinstance(self.fs, LocalFileSystem)
+        self.retry_s: float = cfg.retry_timeout_s
+
+    def _io(self, op, what: str, rel: str):
+        """Run a filesystem call; remote ones are retried through transient faults."""
+        if self.is_local:
+            return op()
+        return with_retries(op, f"{what} {self.uri(rel)}", self.retry_s)
 
     def uri(self, *parts: str) -> str:
         """Full URI (local absolute path or s3://...) of a file of this run."""
@@ -81,14 +133,14 @@ class RunStore:
         path = self.path(rel)
         # Another process may have written it since s3fs cached a listing here.
         self.fs.invalidate_cache(path)
-        return self.fs.exists(path)
+        return self._io(lambda: self.fs.exists(path), "look up", rel)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a whole file. Readers never see a partial file: S3 puts are atomic, and
         locally the data goes to a temporary file first that is then renamed over the target."""
         path = self.path(rel)
         if not self.is_local:
-            self.fs.pipe_file(path, data)
+            self._io(lambda: self.fs.pipe_file(path, data), "write", rel)
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -106,7 +158,7 @@ class RunStore:
     def read_bytes(self, rel: str) -> bytes:
         path = self.path(rel)
         try:
-            return self.fs.cat_file(path)
+            return self._io(lambda: self.fs.cat_file(path), "read", rel)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such file: {self.uri(rel)}") from None
 
@@ -117,7 +169,7 @@ class RunStore:
         """Remove a file (or a folder with `recursive`); a missing one is not an error, so
         retried clean-ups are harmless."""
         if self.exists(rel):
-            self.fs.rm(self.path(rel), recursive=recursive)
+            self._io(lambda: self.fs.rm(self.path(rel), recursive=recursive), "delete", rel)
 
     def ls(self, rel: str = "") -> list[str]:
         """Sorted names (not paths) directly under `rel`; [] when it does not exist (S3 has no
@@ -125,7 +177,7 @@ class RunStore:
         path = self.path(rel)
         self.fs.invalidate_cache(path)
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self._io(lambda: self.fs.ls(path, detail=False), "list", rel)
         except FileNotFoundError:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)

@@ -18,6 +18,9 @@ ROLLOUT_DIR = "rollouts"
 
 
 def _arrow_type(tp: object) -> pa.DataType:
+    args = typing.get_args(tp)
+    if type(None) in args and len(args) == 2:  # `X | None`: arrow columns are nullable
+        return _arrow_type(next(a for a in args if a is not type(None)))
     if tp is str or typing.get_origin(tp) is typing.Literal:
         return pa.string()
     if tp is bool:

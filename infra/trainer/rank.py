@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -22,25 +23,17 @@ from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
-from infra.rollout.client import EngineClient
+from infra.storage.dcp_io import load_state, save_state
+from infra.storage.fs import upload_dir
+from infra.trainer.guard import assert_finite_state
+from infra.trainer.lr_schedule import lr_factor
 from infra.trainer.parallelize import init_distributed, parallelize
 from infra.trainer.step import train_on_batch
-from infra.weights.buckets import bucket_params, dtype_name
-from infra.weights.group import broadcast, open_update_group
-
-
-class WeightMismatchError(RuntimeError):
-    """An engine holds a tensor that differs from the trainer's after a weight sync."""
-
-
-def broadcast_bucket(group: dist.ProcessGroup, tensors: list[torch.Tensor]) -> None:
-    """Send a bucket from rank 0 of the update group, one broadcast per tensor, in order.
-
-    The order is the contract: the engine receives into buffers it allocated from the
-    `names/dtypes/shapes` of the matching update_weights_from_distributed request.
-    """
-    for tensor in tensors:
-        broadcast(group, tensor, src=0)
+from infra.weights.broadcast import BroadcastSender
+from infra.weights.buckets import bucket_params
+from infra.weights.check import WeightCheck
+from infra.weights.engines import EngineLink, connect_engines
+from infra.weights.group import close_update_group
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
@@ -48,19 +41,11 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param
 
 
-def _storage(path: str, storage_options: dict, write: bool):
-    if "://" in path:  # s3:// or any fsspec URL; options (key, secret, endpoint_url) go to fsspec
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-
-        return FsspecWriter(path, **storage_options) if write else FsspecReader(path, **storage_options)
-    return dcp.FileSystemWriter(path) if write else dcp.FileSystemReader(path)
-
-
 class TrainerRank:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self._group: dist.ProcessGroup | None = None
-        self._clients: list[EngineClient] = []
+        self._links: list[EngineLink] = []
+        self._sender: BroadcastSender | None = None
         # a local cluster stays on loopback; on a real cluster peers dial this node's IP
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
 
@@ -78,10 +63,14 @@ class TrainerRank:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )
-        warmup = alg.warmup_steps
-        self.scheduler = LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        schedule = partial(
+            lr_factor,
+            warmup=alg.warmup_steps,
+            total=self.cfg.total_optimizer_steps,
+            kind=alg.lr_schedule,
+            min_ratio=alg.min_lr_ratio,
         )
+        self.scheduler = LambdaLR(self.optimizer, schedule)
         self.ref_model = self._load(model_path, trainable=False) if alg.kl_coef > 0 else None
 
     def _load(self, model_path: str, trainable: bool) -> torch.nn.Module:
@@ -107,91 +96,64 @@ class TrainerRank:
             global_batch_size=self.cfg.algorithm.global_batch_size or len(batch),
             temperature=self.cfg.rollout.sampling.temperature,
             ref_model=self.ref_model,
+            tis=self.cfg.tis_enabled,
+            max_response_len=self.cfg.rollout.sampling.max_new_tokens,
+            rollout_id=rollout_id,  # = the trainer's weight version: iterations trained so far
         )
         return {**metrics, "rollout_id": rollout_id, "time_train_s": time.perf_counter() - start}
 
-    # --- weight sync: trainer rank 0 is rank 0 of a group with every engine ---------------
+    # --- weight sync: the rank-side half of infra/weights (gathers are collective) -------
 
-    def init_weight_update_group(self, engine_urls: list[str], group_name: str) -> None:
+    def connect_engines(self, engine_urls: list[str]) -> None:
+        """Rank 0 learns the engines' dtype and group ranks (the check needs them in any mode)."""
         if self.rank != 0:
             return
-        addr, port, size = self._address, free_port(self._address), 1 + len(engine_urls)
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            model_config = json.load(f)  # the checkpoint's dtype, not the fp32 we train in
+        self._links = connect_engines(
+            engine_urls, self.cfg.rollout.tp_size, model_config, self.cfg.rollout.request_timeout_s
+        )
+
+    def open_weight_group(self, group_name: str) -> None:
+        if self.rank != 0:
+            return
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        clients = [EngineClient(url, self.cfg.rollout.request_timeout_s) for url in engine_urls]
-        # Each engine's request blocks until the whole group has joined, rank 0 included.
-        with ThreadPoolExecutor(max_workers=len(clients)) as pool:
-            joins = [
-                pool.submit(c.init_weights_update_group, addr, port, 1 + i, size, group_name, backend)
-                for i, c in enumerate(clients)
-            ]
-            self._group = open_update_group(addr, port, 0, size, group_name=group_name, backend=backend)
-            for join in joins:
-                join.result()
-        self._clients, self._group_name = clients, group_name
+        self._sender = BroadcastSender(self._links, group_name)
+        self._sender.open(self._address, free_port(self._address), backend)
+
+    def close_weight_group(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.close()
 
     def update_weights(self, weight_version: int) -> dict:
         """Push all parameters to the engines; every rank must call it (gathers are collective)."""
-        if self.rank == 0 and self._group is None:
-            raise RuntimeError("update_weights before init_weight_update_group")
+        if self.rank == 0 and self._sender is None:
+            raise RuntimeError("update_weights before open_weight_group")
         start, nbytes = time.perf_counter(), 0
         params = dict(self.model.named_parameters())
         sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
         buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
-        with torch.no_grad():
+        session = self._sender.session() if self.rank == 0 else nullcontext()
+        with torch.no_grad(), session:
             for i, names in enumerate(buckets):
-                tensors = [_full(params[name]).contiguous() for name in names]
-                nbytes += sum(t.numel() * t.element_size() for t in tensors)
+                tensors = [_full(params[name]) for name in names]
                 if self.rank == 0:
-                    self._send_bucket(names, tensors, i == len(buckets) - 1, str(weight_version))
+                    last = i == len(buckets) - 1
+                    nbytes += self._sender.send_bucket(names, tensors, last, str(weight_version))
         return {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
 
-    def _send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> None:
-        dtypes = [dtype_name(t.dtype) for t in tensors]
-        shapes = [list(t.shape) for t in tensors]
-        with ThreadPoolExecutor(max_workers=len(self._clients)) as pool:
-            args = (
-                names,
-                dtypes,
-                shapes,
-                self._group_name,
-                last,
-                version,
-            )  # ..., flush_cache, weight_version
-            posts = [pool.submit(c.update_weights_from_distributed, *args) for c in self._clients]
-            broadcast_bucket(self._group, tensors)
-            for post in posts:
-                post.result()
-
-    def check_weights_equal(self, engine_urls: list[str], engine_dtype: str | None = None) -> dict:
-        """Compare every parameter bitwise with every engine (all ranks gather; rank 0 compares).
-
-        `engine_dtype` (e.g. "bfloat16") is what engines store when it differs from the
-        trainer's fp32 master weights; the trainer's values are cast to it first.
-        """
-        clients = [EngineClient(url, self.cfg.rollout.request_timeout_s) for url in engine_urls]
-        mismatch, checked = None, 0
+    def check_weights_equal(self) -> dict:
+        """Compare every parameter, in the engines' dtype, with what each engine reports
+        (all ranks gather; rank 0 compares and raises WeightMismatchError naming the first
+        tensor and engine that differ)."""
+        check = WeightCheck(self._links) if self.rank == 0 else None
         with torch.no_grad():
             for name, param in self.model.named_parameters():
-                full = _full(param)  # keep gathering after a mismatch: the other ranks wait on it
-                checked += 1
-                if self.rank != 0 or mismatch:
-                    continue
-                cast = getattr(torch, engine_dtype) if engine_dtype else full.dtype
-                expected = full.to(cast).double().flatten().cpu()
-                for url, client in zip(engine_urls, clients, strict=True):
-                    got = torch.tensor(client.get_weights_by_name(name), dtype=torch.float64)
-                    if got.shape != expected.shape:
-                        mismatch = (
-                            f"{name}: engine {url} has {got.numel()} values, trainer {expected.numel()}"
-                        )
-                    elif not torch.equal(got, expected):
-                        diff = (got - expected).abs().max().item()
-                        mismatch = f"{name}: engine {url} differs from the trainer (max abs diff {diff:.3g})"
-                    if mismatch:
-                        break
-        if mismatch:
-            raise WeightMismatchError(mismatch)
-        return {"weights_checked": checked, "max_abs_diff": 0.0}
+                full = _full(param)  # every rank gathers, whatever rank 0 finds
+                if check is not None:
+                    check.compare(name, full)
+        return check.raise_on_mismatch() if check is not None else {}
 
     # --- state: full dict, DCP checkpoints, HF export -------------------------------------
 
@@ -214,11 +176,12 @@ class TrainerRank:
         }
 
     def save_checkpoint(self, path: str, storage_options: dict) -> None:
-        dcp.save(self._dcp_state(), storage_writer=_storage(path, storage_options, write=True))
+        assert_finite_state(self.model, self.optimizer, self.world_size)
+        save_state(self._dcp_state(), path, storage_options)
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
-        dcp.load(state, storage_reader=_storage(path, storage_options, write=False))
+        load_state(state, path, storage_options)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
@@ -240,7 +203,6 @@ class TrainerRank:
             return
         import tempfile
 
-        import fsspec
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         with torch.device("meta"):
@@ -249,17 +211,11 @@ class TrainerRank:
         with tempfile.TemporaryDirectory() as tmp:
             plain.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(tmp)
-            fs, path = fsspec.core.url_to_fs(uri, **storage_options)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
-            fs.makedirs(path, exist_ok=True)
-            names = sorted(os.listdir(tmp), key=lambda n: n == "config.json")
-            for name in names:
-                fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
+            upload_dir(tmp, uri, storage_options, self.cfg.storage.retry_timeout_s)
 
     def shutdown(self) -> None:
-        if self._group is not None:
-            self._group.shutdown()
-            self._group = None
+        if self._sender is not None and self._sender.group is not None:
+            close_update_group(self._sender.group)  # the engines may be gone: only our end
+            self._sender = None
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from infra.cluster.network import free_port
 from infra.config import AlgorithmConfig, RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
-from infra.weights.group import broadcast, open_update_group
+from infra.weights.group import broadcast, close_update_group, open_update_group
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -154,9 +154,17 @@ def test_dcp_round_trip_is_bitwise(trained, model_dir):
 # --- (b) 2 ranks x micro-batches == one process on the whole batch -------------------------
 
 ALG = {"kl_coef": 0.1, "entropy_coef": 0.01, "grad_clip": 0.5, "eps_clip": 0.1, "eps_clip_high": 0.15}
+# Loss options whose aggregation spans sequences, epochs and TIS weights: still split-invariant.
+VARIANTS = {
+    "default": {},
+    "seq-sum-norm-tis-epochs": {"loss_agg_mode": "seq-mean-token-sum-norm", "ppo_epochs": 2, "tis": "on"},
+    "gspo-k2": {"advantage_estimator": "gspo", "kl_type": "k2", "eps_clip": 0.02, "eps_clip_high": 0.03},
+}
 
 
-def _sgd_run(model_dir: str, world_size: int, rank: int, micro_batch_size: int) -> tuple[dict, dict]:
+def _sgd_run(
+    model_dir: str, world_size: int, rank: int, micro_batch_size: int, variant: str = "default"
+) -> tuple[dict, dict]:
     """Two optimizer steps of plain SGD, so the weight change is the (clipped) gradient itself."""
     from transformers import AutoModelForCausalLM
 
@@ -170,33 +178,38 @@ def _sgd_run(model_dir: str, world_size: int, rank: int, micro_batch_size: int) 
     model, ref = load(True), load(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    alg = {**ALG, **VARIANTS[variant]}
     metrics = train_on_batch(
         model, optimizer, scheduler, _batch(0).samples,
-        rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **ALG),
-        global_batch_size=4, temperature=0.7, ref_model=ref,
+        rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **alg),
+        global_batch_size=4, temperature=0.7, ref_model=ref, tis=alg.get("tis") == "on", max_response_len=6,
     )  # fmt: skip
     params = _full_params(model) if world_size > 1 else {n: p.detach() for n, p in model.named_parameters()}
     return metrics, params
 
 
-def _sgd_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+def _sgd_worker(rank: int, port: int, model_dir: str, out: str, variant: str) -> None:
     from infra.trainer.parallelize import init_distributed
 
     torch.set_num_threads(1)
     init_distributed(rank, 2, ADDR, port)
-    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1)
+    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1, variant=variant)
     torch.save({"metrics": metrics, "params": params}, f"{out}/b{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path):
-    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path, variant):
+    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path), variant)
     torch.set_num_threads(1)
-    ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4)
+    ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4, variant=variant)
+    keys = ["loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"]
+    if variant == "seq-sum-norm-tis-epochs":
+        keys += ["tis_weight_mean", "tis_weight_max", "tis_capped_frac"]
     for rank in range(2):
         got = torch.load(tmp_path / f"b{rank}.pt")
-        assert got["metrics"]["num_steps"] == 2
-        for key in ("loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"):
+        assert got["metrics"]["num_steps"] == 2 * VARIANTS[variant].get("ppo_epochs", 1)
+        for key in keys:
             assert got["metrics"][key] == pytest.approx(ref_metrics[key], abs=1e-5), key
         assert got["metrics"]["response_tokens"] == ref_metrics["response_tokens"]
         assert ref_metrics["grad_norm"] > ALG["grad_clip"]  # clipping was active: the norm must be global
@@ -210,12 +223,21 @@ def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path):
 
 class _QueueEngine:
     """Stands in for EngineClient in the trainer process: hands each request to the in-test
-    receiver by a queue; the tensors then travel by the real broadcasts of update_weights."""
+    receiver by a queue; the tensors then travel by the real broadcasts of update_weights.
+    It answers like an SGLang 0.5.16 server: fp32 weights, no update session (404)."""
 
     queue = None
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float = 600) -> None:
         self.url = url
+
+    def server_info(self) -> dict:
+        return {"dtype": "float32", "tp_size": 1}
+
+    def begin_weight_update(self) -> None:
+        from infra.rollout.client import EngineError
+
+        raise EngineError("queue://engine/begin_weight_update: HTTP 404: Not Found", 404)
 
     def init_weights_update_group(
         self, master_address, master_port, rank_offset, world_size, group_name, backend
@@ -224,6 +246,9 @@ class _QueueEngine:
 
     def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache, weight_version):
         self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version))
+
+    def destroy_weights_update_group(self, group_name) -> None:
+        self.queue.put(("destroy", group_name))
 
 
 def _receiver(queue, out: str) -> None:
@@ -236,25 +261,28 @@ def _receiver(queue, out: str) -> None:
         for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
             received[name] = torch.empty(shape, dtype=getattr(torch, dtype))
             broadcast(group, received[name], src=0)
-    torch.save({"received": received, "requests": requests}, f"{out}/d_recv.pt")
+    close_update_group(group)
+    torch.save({"received": received, "requests": requests, "last": msg, "rank": rank}, f"{out}/d_recv.pt")
 
 
 def _sync_worker(index: int, port: int, model_dir: str, out: str, queue) -> None:
     torch.set_num_threads(1)
     if index == 2:  # the third process plays the engine
         return _receiver(queue, out)
-    import infra.trainer.rank as rank_module
+    import infra.weights.engines as engines_module
+    from infra.trainer.rank import TrainerRank
 
     _QueueEngine.queue = queue
-    rank_module.EngineClient = _QueueEngine
-    trainer = rank_module.TrainerRank(_cfg(), index, 2)
+    engines_module.EngineClient = _QueueEngine
+    trainer = TrainerRank(_cfg(), index, 2)
     trainer.setup(model_dir, {}, ADDR, port)
     trainer.train(0, _batch(0))
-    trainer.init_weight_update_group(["queue://engine"], "sync")
+    trainer.connect_engines(["queue://engine"])
+    trainer.open_weight_group("sync")
     stats = trainer.update_weights(3)
     full = trainer.full_state_dict()
+    trainer.close_weight_group()
     if index == 0:
-        queue.put(("stop",))
         torch.save({"stats": stats, "full": full}, f"{out}/d_send.pt")
     trainer.shutdown()
 
@@ -269,59 +297,78 @@ def test_update_weights_broadcasts_every_parameter_in_order(model_dir, tmp_path)
     assert [name for r in requests for name in r["names"]] == list(sent["full"])  # parameter order
     assert [r["flush_cache"] for r in requests] == [False] * (len(requests) - 1) + [True]
     assert {r["weight_version"] for r in requests} == {"3"}
+    assert recv["last"] == ("destroy", "sync") and recv["rank"] == 1  # the group ends on the engine too
     for name, tensor in sent["full"].items():
         assert torch.equal(recv["received"][name], tensor), name
 
 
-def _server_worker(rank: int, port: int, model_dir: str, out: str, url: str) -> None:
-    from infra.rollout.client import EngineClient
-    from infra.trainer.rank import TrainerRank, WeightMismatchError
-
-    torch.set_num_threads(1)
-    trainer = TrainerRank(_cfg(), rank, 2)
-    trainer.setup(model_dir, {}, ADDR, port)
-    trainer.train(0, _batch(0))
-    trainer.init_weight_update_group([url], "sync")
-    result = {"stats": trainer.update_weights(7), "check": trainer.check_weights_equal([url])}
-    if rank == 0:
-        result["version"] = EngineClient(url).weight_version()
-        EngineClient(url).update_weights_from_disk(model_dir)  # the engine falls back to the initial weights
-    torch.distributed.barrier()
-    try:
-        trainer.check_weights_equal([url])
-    except WeightMismatchError as exc:
-        result["mismatch"] = str(exc)
-    if rank == 0:
-        torch.save(result, f"{out}/server.pt")
-    trainer.shutdown()
-
-
-def test_update_weights_to_builtin_engine_server(model_dir, tmp_path):
+def _start_server(model_dir: str, session: str):
     import subprocess
     import sys
 
     from infra.rollout.client import EngineClient
 
-    url = f"http://{ADDR}:{(server_port := free_port())}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "infra.rollout.server",
-        "--model-path",
-        str(model_dir),
-        "--port",
-        str(server_port),
-    ]
-    server = subprocess.Popen(cmd)
+    port = free_port()
+    cmd = [sys.executable, "-m", "infra.rollout.server", "--model-path", model_dir, "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--weight-update-session", session])
+    return f"http://{ADDR}:{port}", proc, EngineClient(f"http://{ADDR}:{port}")
+
+
+def _server_worker(rank: int, port: int, model_dir: str, out: str, urls: list[str]) -> None:
+    from infra.rollout.client import EngineClient
+    from infra.trainer.rank import TrainerRank, _full
+    from infra.weights.check import WeightMismatchError
+
+    torch.set_num_threads(1)
+    trainer = TrainerRank(_cfg(), rank, 2)
+    trainer.setup(model_dir, {}, ADDR, port)
+    trainer.train(0, _batch(0))
+    trainer.connect_engines(urls)
+    trainer.open_weight_group("prl-test-sync")
+    result = {"stats": trainer.update_weights(7), "check": trainer.check_weights_equal()}
+    with torch.no_grad():  # what the check can see: the leading 100 rows of every tensor
+        result["leading_values"] = sum(_full(p)[:100].numel() for p in trainer.model.parameters())
+    if rank == 0:
+        result["versions"] = [EngineClient(u).model_info()["weight_version"] for u in urls]
+        result["sessions"] = [link.has_session for link in trainer._links]
+        result["offsets"] = [link.rank_offset for link in trainer._links]
+        EngineClient(urls[1]).update_weights_from_disk(model_dir)  # engine 2 falls back to the initial weights
+    torch.distributed.barrier()
     try:
-        EngineClient(url).wait_healthy(60)
-        _spawn(_server_worker, 2, free_port(), str(model_dir), str(tmp_path), url)
+        trainer.check_weights_equal()
+    except WeightMismatchError as exc:
+        result["mismatch"], result["mismatch_report"] = str(exc), exc.report
+    trainer.close_weight_group()
+    if rank == 0:
+        torch.save(result, f"{out}/server.pt")
+    trainer.shutdown()
+
+
+def test_update_weights_to_two_builtin_engines_of_both_protocols(model_dir, tmp_path):
+    """Two engine servers, one per protocol generation (update session on and off), at rank
+    offsets 1 and 2 of one group; then engine 2 is perturbed and the check reports it."""
+    from infra.rollout.client import EngineError
+    from infra.rollout.engine import stop_engine
+
+    engines = [_start_server(str(model_dir), session) for session in ("on", "off")]
+    try:
+        for _, _, client in engines:
+            client.wait_healthy(180)
+        urls = [url for url, _, _ in engines]
+        _spawn(_server_worker, 2, free_port(), str(model_dir), str(tmp_path), urls)
+        for _, _, client in engines:  # destroyed at close: the group name is gone on each engine
+            with pytest.raises(EngineError, match="group_name"):
+                client.destroy_weights_update_group("prl-test-sync")
     finally:
-        server.terminate()
-        server.wait(10)
+        for _, proc, _ in engines:
+            stop_engine(proc)
     result = torch.load(tmp_path / "server.pt")
-    assert result["version"] == "7"
-    assert result["check"] == {"weights_checked": 21, "max_abs_diff": 0.0}  # 2 layers x 9 + embed, norm, head
-    # the first parameter already differs: the error names it, the engine and the size of the gap
-    assert result["mismatch"].startswith(f"model.embed_tokens.weight: engine {url} differs")
-    assert "max abs diff" in result["mismatch"]
+    assert result["versions"] == ["7", "7"]
+    assert result["sessions"] == [True, False] and result["offsets"] == [1, 2]
+    # 2 layers x 9 + embed, norm, head, each on both engines
+    assert result["check"]["weights_checked"] == 21 and result["check"]["max_abs_diff"] == 0.0
+    assert result["check"]["values_checked"] == 2 * result["leading_values"] > 0
+    # engine 2 differs from its first tensor on: named, with the real size of the gap
+    assert result["mismatch"].startswith(f"model.embed_tokens.weight: engine {urls[1]} differs")
+    assert result["mismatch_report"]["max_abs_diff"] > 0
+    assert all(urls[1] in m for m in result["mismatch_report"]["mismatches"])

@@ -98,3 +98,45 @@ def test_shipped_configs_parse():
     assert files, "no shipped configs found"
     for f in files:
         load_config(f)
+
+
+@pytest.mark.parametrize(
+    "tree,field",
+    [
+        ({"algorithm": {"advantage_estimator": "ppo"}}, "critic.enabled"),
+        ({"algorithm": {"advantage_estimator": "gspo", "loss_agg_mode": "token-mean"}}, "loss_agg_mode"),
+        ({"algorithm": {"kl_in_reward": True}}, "kl_coef"),
+        ({"rollout": {"n_samples_per_prompt": 1}}, "n_samples_per_prompt"),
+        (
+            {"rollout": {"n_samples_per_prompt": 1, "dynamic_sampling": True},
+             "algorithm": {"advantage_estimator": "reinforce_plus_plus"}},
+            "dynamic_sampling",
+        ),
+        ({"algorithm": {"clip_ratio_c": 0.5}}, "clip_ratio_c"),
+        ({"algorithm": {"advantage_estimator": "vanilla"}}, "advantage_estimator"),
+        ({"critic": {"enabled": True}}, "critic.enabled"),
+    ],
+)  # fmt: skip
+def test_algorithm_nonsense_is_rejected_by_name(tree, field):
+    with pytest.raises(ValidationError, match=field):
+        RunConfig.model_validate(tree)
+
+
+def test_estimator_defaults_and_derived_settings():
+    assert RunConfig().algorithm.agg_mode == "token-mean"
+    assert RunConfig.model_validate({"algorithm": {"advantage_estimator": "gspo"}}).algorithm.agg_mode == (
+        "seq-mean-token-mean"
+    )
+    dr = RunConfig.model_validate({"algorithm": {"advantage_estimator": "dr_grpo"}})
+    assert dr.algorithm.agg_mode == "seq-mean-token-sum-norm"
+    # a single-sample estimator needs no groups
+    RunConfig.model_validate(
+        {"algorithm": {"advantage_estimator": "reinforce_plus_plus"}, "rollout": {"n_samples_per_prompt": 1}}
+    )
+    assert RunConfig().tis_enabled and not RunConfig(mode="sync").tis_enabled
+    assert RunConfig.model_validate({"mode": "sync", "algorithm": {"tis": "on"}}).tis_enabled
+    assert not RunConfig.model_validate({"algorithm": {"tis": "off"}}).tis_enabled
+    cfg = RunConfig.model_validate(
+        {"num_rollout": 5, "algorithm": {"global_batch_size": 256, "ppo_epochs": 3}}
+    )
+    assert cfg.total_optimizer_steps == 5 * (1024 // 256) * 3

@@ -50,6 +50,10 @@ def test_nightly_resumes_one_run_at_a_time():
 def test_tiny_demo_is_small_and_gpu_recipe_says_so():
     tiny = RunConfig.model_validate(deployments()["tiny-demo"]["parameters"]["config"])
     assert tiny.num_rollout <= 10 and tiny.rollout.engine == "torch"
+    # two runs from the UI must not mix outputs, nor refuse: each starts over
+    assert tiny.checkpoint.resume == "fresh"
+    assert load_config(ROOT / "configs" / "tiny-demo.yaml").checkpoint.resume == "fresh"
+    assert "checkpoint.resume=fresh" in (ROOT / "Makefile").read_text()
     gpu = deployments()["gpu-grpo"]
     assert "GPU" in gpu["description"]
     # the recipe is the shipped config file, so the two cannot drift apart

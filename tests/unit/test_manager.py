@@ -30,7 +30,7 @@ def engines(tmp_path_factory):
             procs.append(launch_engine("torch", str(model), "127.0.0.1", port, seed=i, threads=1))
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs, strict=True):
-            wait_until_healthy(url, proc, 60)
+            wait_until_healthy(url, proc, 180)  # a loaded CI machine starts servers slowly
         yield str(model), urls
     finally:
         for proc in procs:
@@ -42,7 +42,8 @@ def manager(engines, tmp_path, **over) -> RolloutManager:
     tree = {
         "rollout": {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 3}},
         "storage": {"uri": str(tmp_path)},
-        "data": {"reward": f"{__name__}:flaky_reward"},
+        # failures stay per sample here (test_rewards checks that a mostly failed rollout stops)
+        "data": {"reward": f"{__name__}:flaky_reward", "max_failed_fraction": 1.0},
         "eval": {"num_prompts": 5, "n_samples": 4, "pass_k": [1, 4]},
         "cluster": {"engines": {"num_workers": 2}},
     }
@@ -90,6 +91,20 @@ def test_rollouts_are_deterministic_per_rollout_id(engines, tmp_path):
     assert not a.has_batch(3)
 
 
+def test_each_sample_has_its_own_seed_and_rid(engines, tmp_path):
+    """A sample depends on its own seed only: the same rollout on one engine or split over
+    two is identical, and the copies of a group are not one seed's repeats."""
+    model, urls = engines
+    two = manager(engines, tmp_path / "two")
+    one = manager((model, urls[:1]), tmp_path / "one", cluster={"engines": {"num_workers": 1}})
+    two.generate(5)
+    one.generate(5)
+    samples = two.get_batch(5).samples
+    assert [s.response_ids for s in samples] == [s.response_ids for s in one.get_batch(5).samples]
+    groups = [[tuple(s.response_ids) for s in samples if s.group == g] for g in range(6)]
+    assert sum(len(set(g)) > 1 for g in groups) >= 4  # near-uniform tiny model: copies differ
+
+
 def test_evaluate_reports_pass_at_k(engines, tmp_path):
     result = manager(engines, tmp_path, data={"reward": "exact_match"}).evaluate(0)
     assert result["eval_num_samples"] == 5 * 4
@@ -100,3 +115,28 @@ def test_evaluate_reports_pass_at_k(engines, tmp_path):
 def test_multi_token_stop_is_refused(engines, tmp_path):
     with pytest.raises(ValueError, match="rollout.sampling.stop"):
         manager(engines, tmp_path, rollout={"sampling": {"stop": ["END"]}})
+
+
+def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
+    rollout = {
+        "prompts_per_rollout": 6,
+        "n_samples_per_prompt": 4,
+        "sampling": {"max_new_tokens": 3},
+        "dynamic_sampling": True,
+        "dynamic_sampling_max_rounds": 2,
+    }
+    m = manager(engines, tmp_path, rollout=rollout)
+    summary = m.generate(0)
+    samples = m.get_batch(0).samples
+    assert len(samples) == 24 and sorted({s.group for s in samples}) == list(range(6))
+    flat = sum(len({s.reward for s in samples if s.group == g}) == 1 for g in range(6))
+    # only groups taken to fill a batch still short after the extra rounds may be flat
+    assert flat == summary["dynamic_sampling_filled_groups"]
+    assert summary["zero_variance_group_frac"] == flat / 6
+    assert 1 <= summary["dynamic_sampling_rounds"] <= 3
+    for g in range(6):  # advantages are computed on the final groups
+        assert abs(sum(s.advantage for s in samples if s.group == g)) < 1e-6
+    # deterministic: a second manager draws the same rounds
+    again = manager(engines, tmp_path / "again", rollout=rollout)
+    again.generate(0)
+    assert [s.response_ids for s in again.get_batch(0).samples] == [s.response_ids for s in samples]

@@ -81,3 +81,46 @@ def test_failures_are_isolated() -> None:
         assert "finite number" in results[2].error and "'1'" in results[3].error
     bad_label = score(REWARDS["numeric_match"], [("p", "3", "three")])[0]
     assert bad_label.status == "failed" and "three" in bad_label.error
+
+
+def sleepy_reward(prompt: str, response: str, label: str, **kw) -> float:
+    if response == "hang":
+        time.sleep(3)
+    return 1.0
+
+
+async def sleepy_async_reward(prompt: str, response: str, label: str, **kw) -> float:
+    if response == "hang":
+        await asyncio.sleep(3)
+    return 1.0
+
+
+@pytest.mark.parametrize("fn", [sleepy_reward, sleepy_async_reward])
+def test_a_reward_call_past_its_timeout_fails_only_its_sample(fn) -> None:
+    items = [("p", "ok", "l"), ("p", "hang", "l"), ("p", "ok", "l")]
+    t0 = time.monotonic()
+    results = score(fn, items, timeout_s=0.5)
+    assert time.monotonic() - t0 < 2.5
+    assert [r.status for r in results] == ["completed", "failed", "completed"]
+    assert "reward_timeout_s=0.5" in results[1].error and results[1].reward == 0.0
+
+
+def test_reward_from_a_file_path(tmp_path) -> None:
+    plugin = tmp_path / "grader.py"
+    plugin.write_text("def score(prompt, response, label, **kw):\n    return 0.25\n")
+    fn = resolve_reward(f"{plugin}:score")
+    assert fn("p", "r", "l") == 0.25
+    with pytest.raises(ValueError, match="no such file"):
+        resolve_reward(f"{tmp_path / 'missing.py'}:score")
+
+
+def test_too_many_failed_samples_stop_the_run() -> None:
+    from infra.rollout.batch import Sample
+    from infra.rollout.scoring import TooManyFailedSamples, check_failures
+
+    def sample(status: str) -> Sample:
+        return Sample("p", "l", "r", [1], [2], [0.0], 0, 0, status=status, error="boom")
+
+    check_failures([sample("failed"), sample("completed")], 0.5, "u")  # 50% is allowed
+    with pytest.raises(TooManyFailedSamples, match=r"2 of 3 samples failed .*max_failed_fraction=0.5.*boom"):
+        check_failures([sample("failed"), sample("failed"), sample("completed")], 0.5, "u")

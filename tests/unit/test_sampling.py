@@ -105,9 +105,45 @@ def test_logprobs_come_from_raw_logits_under_top_k(model):
 def test_abort_marks_unfinished_rows(model):
     calls = []
 
-    def abort_after_two() -> bool:
+    def abort_after_two() -> list[bool]:
         calls.append(1)
-        return len(calls) > 2
+        return [len(calls) > 2] * len(PROMPTS)
 
     outs = _sample(model, should_abort=abort_after_two)
     assert all(o.finish_reason == {"type": "abort"} and len(o.output_ids) == 2 for o in outs)
+
+
+def test_abort_one_row_leaves_the_others(model):
+    calls = []
+
+    def abort_first_after_two() -> list[bool]:
+        calls.append(1)
+        return [len(calls) > 2] + [False] * (len(PROMPTS) - 1)
+
+    outs = _sample(model, should_abort=abort_first_after_two, max_new_tokens=6, ignore_eos=True)
+    assert outs[0].finish_reason == {"type": "abort"} and len(outs[0].output_ids) == 2
+    assert all(o.finish_reason == {"type": "length", "length": 6} for o in outs[1:])
+    assert all(len(o.output_ids) == 6 for o in outs[1:])
+
+
+def test_per_row_generators_make_rows_independent_of_their_batch(model):
+    def seeded(prompts, seeds):
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        return sample_batch(
+            model, prompts, generator=gens, max_new_tokens=5, temperature=1.0, ignore_eos=True
+        )
+
+    both = seeded([PROMPTS[0], PROMPTS[0]], [1, 2])
+    alone = seeded([PROMPTS[0]], [2])
+    assert both[1].output_ids == alone[0].output_ids
+    assert both[0].output_ids != both[1].output_ids  # same prompt, own seeds: the copies differ
+
+
+def test_per_row_draws_follow_the_distribution():
+    from infra.rollout.sampling import _draw
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(20000, 1)
+    tokens = _draw(probs, [torch.Generator().manual_seed(i) for i in range(len(probs))])
+    freq = torch.bincount(tokens, minlength=5).double() / len(tokens)
+    assert freq[1] == 0 and freq[4] == 0  # zero-probability tokens never come out
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)

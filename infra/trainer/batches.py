@@ -1,0 +1,66 @@
+"""Samples -> padded tensors of one micro-batch, and the small collectives the step needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from infra.rollout.batch import Sample
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] prompt + response, right-padded
+    mask: torch.Tensor  # [B, T-1] 1 where the next token is a response token
+    advantages: torch.Tensor  # [B, 1]
+    engine_logprobs: torch.Tensor  # [B, T-1], aligned with mask
+    engine_mask: torch.Tensor  # [B, T-1], mask of samples whose engine logprobs are complete
+    index: list[int]  # position of each row in the rollout's sample list
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    tis_weights: torch.Tensor | None = None  # [B, T-1], truncated importance weights
+
+
+def collate(samples: list[Sample], first_index: int, device: torch.device) -> MicroBatch:
+    # Pad id 0 is arbitrary: right padding under a causal mask never influences real tokens
+    # and padded positions are masked out of every loss and metric. Length >= 2 so that a
+    # micro-batch of empty responses still yields one (masked) target position.
+    length = max(2, *(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+    ids = torch.zeros(len(samples), length, dtype=torch.long)
+    mask = torch.zeros(len(samples), length - 1)
+    engine = torch.zeros(len(samples), length - 1)
+    engine_mask = torch.zeros(len(samples), length - 1)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        if r == 0 or p == 0:  # nothing to learn from (no response, or no context to predict it)
+            continue
+        # logits at position t predict token t + 1: response token j is predicted at p + j - 1
+        # tokens the environment wrote (loss_mask 0) are context only: no loss, no logprob gap
+        keep = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask is not None else 1.0
+        mask[i, p - 1 : p + r - 1] = keep
+        if len(s.engine_logprobs) == r:
+            engine[i, p - 1 : p + r - 1] = torch.tensor(s.engine_logprobs)
+            engine_mask[i, p - 1 : p + r - 1] = keep
+    advantages = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
+    tensors = (t.to(device) for t in (ids, mask, advantages, engine, engine_mask))
+    return MicroBatch(*tensors, index=list(range(first_index, first_index + len(samples))))
+
+
+def logits_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+    return model(input_ids=mb.input_ids, use_cache=False).logits[:, :-1]
+
+
+def all_reduce_sum(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    if world_size > 1 and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_max(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    if world_size > 1 and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t

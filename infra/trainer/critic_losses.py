@@ -1,0 +1,66 @@
+"""The critic's numerics: GAE advantages and returns, and the clipped value loss.
+
+Pure tensor functions, tested on their own. Not wired into a run yet: the critic's
+trainer group, its task and its checkpoint are still to come (`critic.enabled` refuses).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infra.trainer.losses import aggregation_weights
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(v - mean) / sqrt(var + eps) over the masked entries; var unbiased over their count."""
+    n = mask.sum()
+    if n < 2:
+        raise ValueError("whitening needs at least 2 masked entries")
+    mean = (values * mask).sum() / n
+    var = (((values - mean) ** 2) * mask).sum() / (n - 1)
+    return (values - mean) * torch.rsqrt(var + eps)
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens: (whitened advantages, returns).
+
+    delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}, where t + 1 is
+    the next RESPONSE token (masked positions are skipped, carrying V and A through) and
+    both are 0 after the last one. Returns = A + V before whitening (the critic's target).
+    """
+    next_value = torch.zeros_like(values[:, 0])
+    last = torch.zeros_like(values[:, 0])
+    out = []
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * last
+        next_value = values[:, t] * m + (1 - m) * next_value
+        last = adv * m + (1 - m) * last
+        out.append(last)
+    advantages = torch.stack(out[::-1], dim=1)
+    returns = advantages + values
+    return masked_whiten(advantages, mask) * mask, returns
+
+
+def clipped_value_loss(
+    vpreds: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0.5 x aggregate of max((V - R)^2, (clip(V, V_old +- clip) - R)^2), and the clipped fraction.
+
+    One batch (counts from `mask`); the fraction counts tokens where the clipped error is larger.
+    """
+    clipped = old_values + torch.clamp(vpreds - old_values, -clip, clip)
+    plain_err, clip_err = (vpreds - returns) ** 2, (clipped - returns) ** 2
+    seqs = float((mask.sum(-1) > 0).sum())
+    w = aggregation_weights(mask, mode, float(mask.sum()), seqs, mask.shape[-1])
+    loss = 0.5 * (torch.maximum(plain_err, clip_err) * w).sum()
+    frac = ((clip_err > plain_err).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, frac.detach()

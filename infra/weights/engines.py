@@ -1,0 +1,132 @@
+"""The engines as the weight path sees them: their ranks in the weight-update group, the
+dtype they hold their weights in, and which protocol generation they speak.
+
+Everything here is asked of the engine itself, once, and remembered: the update session
+is probed (SGLang 0.5.23 has `/begin_weight_update`, 0.5.16 answers 404), never guessed
+from a version string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+import torch
+
+from infra.rollout.client import EngineClient, EngineError
+
+
+def group_layout(tp_sizes: list[int]) -> tuple[list[int], int]:
+    """Rank offsets of the engines and the group's world size (the trainer is rank 0).
+
+    Engine i takes ranks `offset_i + tp_rank` for tp_rank < tp_sizes[i].
+    """
+    if any(tp < 1 for tp in tp_sizes):
+        raise ValueError(f"rollout.tp_size: every engine needs at least one rank, got {tp_sizes}")
+    offsets, next_rank = [], 1
+    for tp in tp_sizes:
+        offsets.append(next_rank)
+        next_rank += tp
+    return offsets, next_rank
+
+
+def resolve_dtype(server_dtype: str | None, model_config: dict) -> torch.dtype:
+    """The dtype an engine holds weights in, from its `dtype` launch argument.
+
+    `auto` follows SGLang's own rule: the checkpoint's dtype, except that a float32
+    checkpoint is served in float16 (bfloat16 for Gemma models).
+    """
+    name = (server_dtype or "auto").lower()
+    if name != "auto":
+        dtype = getattr(torch, name.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"engine dtype: unknown dtype {server_dtype!r}")
+        return dtype
+    config_dtype = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(config_dtype).removeprefix("torch."))
+    if dtype == torch.float32:
+        return (
+            torch.bfloat16 if str(model_config.get("model_type", "")).startswith("gemma") else torch.float16
+        )
+    return dtype
+
+
+@dataclass
+class EngineLink:
+    """One engine: its client, its ranks in the update group, its dtype and session support."""
+
+    client: EngineClient
+    rank_offset: int
+    tp_size: int
+    dtype: torch.dtype
+    _has_session: bool | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    def begin_session(self) -> None:
+        """Open an update session where the server has them; the first call probes."""
+        if self._has_session is False:
+            return
+        try:
+            self.client.begin_weight_update()
+        except EngineError as exc:
+            if self._has_session is None and exc.status == 404:
+                self._has_session = False  # an older server: updates need no session
+                return
+            raise
+        self._has_session = True
+
+    def end_session(self) -> None:
+        if self._has_session:
+            self.client.end_weight_update()
+
+    @property
+    def has_session(self) -> bool | None:
+        """True/False once probed, None before the first update."""
+        return self._has_session
+
+
+def connect_engines(urls: list[str], tp_size: int, model_config: dict, timeout_s: float) -> list[EngineLink]:
+    """Ask every engine its dtype (`/server_info`) and lay out the group's ranks."""
+    offsets, _ = group_layout([tp_size] * len(urls))
+    links = []
+    for url, offset in zip(urls, offsets, strict=True):
+        client = EngineClient(url, timeout_s)
+        info = client.server_info()
+        served_tp = int(info.get("tp_size", tp_size))
+        if served_tp != tp_size:
+            raise ValueError(f"rollout.tp_size: {tp_size}, but engine {url} runs with tp_size {served_tp}")
+        links.append(EngineLink(client, offset, tp_size, resolve_dtype(info.get("dtype"), model_config)))
+    return links
+
+
+def common_dtype(links: list[EngineLink]) -> torch.dtype:
+    """One broadcast reaches every engine, so all must hold the same dtype."""
+    dtypes = {link.dtype for link in links}
+    if len(dtypes) != 1:
+        found = {link.url: str(link.dtype) for link in links}
+        raise ValueError(
+            f"engines hold weights in different dtypes ({found}); one broadcast cannot serve them"
+        )
+    return dtypes.pop()
+
+
+@contextmanager
+def update_sessions(links: list[EngineLink]) -> Iterator[None]:
+    """Every engine inside an update session (where it has them) for the duration."""
+    opened: list[EngineLink] = []
+    try:
+        for link in links:
+            link.begin_session()
+            opened.append(link)
+        yield
+    except BaseException:
+        for link in opened:  # close what was opened, but report the failure that got us here
+            with suppress(EngineError):
+                link.end_session()
+        raise
+    for link in opened:
+        link.end_session()

@@ -1,0 +1,99 @@
+"""Weight transport: how the trainer's weights reach the rollout engines, as one small
+interface with two implementations, chosen by `weight_sync.method`.
+
+- `broadcast`: trainer rank 0 and every engine rank form a weight-update group; the
+  trainer ranks gather full tensors bucket by bucket and rank 0 broadcasts them.
+- `disk`: the trainer exports an HF directory per version to the run's storage (local or
+  s3://); each engine's actor makes it local on its own node and posts the local path to
+  its server's `/update_weights_from_disk`. Older exports are then deleted.
+
+The driver holds a transport (it travels with the run handles to the Prefect tasks);
+the state it drives lives in the trainer and engine actors, so copies of it are harmless.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import ray
+
+from infra.config import RunConfig
+from infra.storage.fs import RunStore, storage_options
+
+EXPORTS = "weights"
+
+
+def group_name_for(run_name: str) -> str:
+    """Unique per run (and per start of it): a stale group of an earlier run never matches."""
+    return f"prl-{run_name}-{uuid.uuid4().hex[:8]}"
+
+
+def export_rel(version: int) -> str:
+    return f"{EXPORTS}/v{version:07d}"
+
+
+@dataclass
+class WeightTransport(ABC):
+    cfg: RunConfig
+    trainers: list
+    engines: list
+    engine_urls: list[str]
+
+    def open(self) -> None:
+        """Connect the trainer to the engines (before the first push)."""
+        ray.get([t.connect_engines.remote(self.engine_urls) for t in self.trainers])
+
+    @abstractmethod
+    def push(self, version: int) -> dict:
+        """Bring every engine to the trainer's weights, tagged `version`; small stats back."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to tear down unless a transport built it
+        """Tear down what `open` built; safe to call more than once."""
+
+
+@dataclass
+class BroadcastTransport(WeightTransport):
+    group_name: str = ""
+
+    def open(self) -> None:
+        super().open()
+        ray.get([t.open_weight_group.remote(self.group_name) for t in self.trainers])
+
+    def push(self, version: int) -> dict:
+        return ray.get([t.update_weights.remote(version) for t in self.trainers])[0]
+
+    def close(self) -> None:
+        ray.get([t.close_weight_group.remote() for t in self.trainers], timeout=120)
+
+
+@dataclass
+class DiskTransport(WeightTransport):
+    def push(self, version: int) -> dict:
+        store = RunStore(self.cfg.storage, self.cfg.run_name)
+        opts = storage_options(self.cfg.storage)
+        uri = store.uri(export_rel(version))
+        ray.get([t.export_hf.remote(uri, opts) for t in self.trainers])
+        ray.get([e.load_weights_from_disk.remote(uri, opts, str(version)) for e in self.engines])
+        removed = remove_older_exports(store, version)
+        return {"export_uri": uri, "exports_removed": removed}
+
+
+def remove_older_exports(store: RunStore, keep: int) -> int:
+    """Delete every export but version `keep` (all engines have loaded it); returns how many."""
+    removed = 0
+    for entry in store.ls(EXPORTS):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) != keep:
+            store.delete(f"{EXPORTS}/{name}", recursive=True)
+            removed += 1
+    return removed
+
+
+def make_transport(cfg: RunConfig, trainers: list, engines: list, engine_urls: list[str]) -> WeightTransport:
+    if cfg.weight_sync.method == "broadcast":
+        return BroadcastTransport(cfg, trainers, engines, engine_urls, group_name_for(cfg.run_name))
+    if cfg.weight_sync.method == "disk":
+        return DiskTransport(cfg, trainers, engines, engine_urls)
+    raise ValueError(f"weight_sync.method: unknown method {cfg.weight_sync.method!r} (broadcast or disk)")

@@ -1,0 +1,61 @@
+"""The runner's override of prefect-ray's task body must really be what Ray runs.
+
+`ConnectedRayTaskRunner._run_prefect_task` flushes a task run's logs before its result
+returns. prefect-ray submits `self._run_prefect_task`; if a prefect-ray release stops
+looking it up that way, the override silently stops applying and fast tasks' logs get lost
+at shutdown. The workers here batch logs to the API only once a minute, so the line can
+only arrive through the override's flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray
+from prefect import flow, get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+from flows.prefect_api import worker_env
+from flows.runner import ConnectedRayTaskRunner
+
+MARK = "written-on-a-ray-worker"
+
+
+@task(name="speak")
+def speak() -> int:
+    get_run_logger().info(MARK)
+    return 7
+
+
+@flow(task_runner=ConnectedRayTaskRunner())
+def one_task() -> tuple[int, str]:
+    future = speak.submit()
+    return future.result(), str(future.task_run_id)
+
+
+async def _messages(task_run_id: str) -> list[str]:
+    async with get_client() as client:
+        logs = await client.read_logs(
+            log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id]))
+        )
+        return [log.message for log in logs]
+
+
+def test_override_flushes_worker_logs_before_the_result(prefect_api):
+    env = {**worker_env(), "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60"}
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        value, task_run_id = one_task()
+    finally:
+        ray.shutdown()  # kills the worker: anything it had not sent is gone
+    assert value == 7
+    assert MARK in asyncio.run(_messages(task_run_id))
+
+
+def test_prefect_ray_still_submits_the_overridable_body():
+    from prefect_ray import RayTaskRunner
+
+    # The override is a staticmethod found through the instance; both must still exist.
+    assert "_run_prefect_task" in RayTaskRunner.__dict__
+    assert ConnectedRayTaskRunner._run_prefect_task is not RayTaskRunner._run_prefect_task

@@ -1,0 +1,88 @@
+"""Pure parts of the weight path: group layout, the engines' dtype, export clean-up, unique
+group names, and the engine actor loading an export from local or S3 storage."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import fsspec
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from infra.config import RunConfig, TinyModelConfig
+from infra.model.tiny import build_tiny_model
+from infra.rollout.engine_actor import EngineActor
+from infra.storage.fs import RunStore, storage_options
+from infra.weights.engines import group_layout, resolve_dtype
+from infra.weights.transport import export_rel, group_name_for, remove_older_exports
+
+
+def test_group_layout_counts_tp_ranks():
+    assert group_layout([1, 1]) == ([1, 2], 3)
+    assert group_layout([2]) == ([1], 3)  # one engine with tp 2: ranks 1 and 2
+    assert group_layout([2, 1, 4]) == ([1, 3, 4], 8)
+    with pytest.raises(ValueError, match="tp_size"):
+        group_layout([0])
+
+
+def test_engine_dtype_follows_sglang_auto_rule():
+    assert resolve_dtype("bfloat16", {"dtype": "float32"}) == torch.bfloat16
+    assert resolve_dtype("float32", {}) == torch.float32
+    assert resolve_dtype("auto", {"torch_dtype": "bfloat16"}) == torch.bfloat16
+    assert resolve_dtype(None, {"dtype": "float32", "model_type": "llama"}) == torch.float16
+    assert resolve_dtype("auto", {"dtype": "float32", "model_type": "gemma2"}) == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("float7", {})
+
+
+def test_group_names_are_unique_per_run():
+    names = {group_name_for("demo") for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith("prl-demo-") for n in names)
+
+
+def _cfg(uri: str) -> RunConfig:
+    return RunConfig.model_validate({"run_name": "w", "storage": {"uri": uri}})
+
+
+def test_older_exports_are_removed(storage_uri):
+    store = RunStore(_cfg(storage_uri).storage, "w")
+    for version in (1, 2, 3):
+        store.write_text(f"{export_rel(version)}/config.json", "{}")
+    store.write_text("weights/notes.txt", "not an export")
+    assert remove_older_exports(store, keep=3) == 2
+    assert store.ls("weights") == ["notes.txt", "v0000003"]
+    assert remove_older_exports(store, keep=3) == 0  # a retried clean-up changes nothing
+
+
+def test_engine_actor_loads_an_export_from_storage(storage_uri, tmp_path):
+    """Disk sync on the engine side: a remote export is made local on the engine's node, loaded
+    by /update_weights_from_disk, and the local copy removed."""
+    cfg = _cfg(storage_uri)
+    opts = storage_options(cfg.storage)
+    base = build_tiny_model(tmp_path / "base", TinyModelConfig())
+    other = build_tiny_model(tmp_path / "other", TinyModelConfig(seed=3))
+    uri = RunStore(cfg.storage, "w").uri(export_rel(4))
+    fs, path = fsspec.core.url_to_fs(uri, **opts)
+    fs.makedirs(path, exist_ok=True)
+    for name in sorted(os.listdir(other), key=lambda n: n == "config.json"):
+        fs.put_file(str(other / name), f"{path}/{name}")
+
+    actor = EngineActor(cfg, 0, local_cluster=True)
+    actor.start(str(base), {})
+    try:
+        before = set(os.listdir(tempfile.gettempdir()))
+        actor.load_weights_from_disk(uri, opts, "4")
+        assert not {
+            n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("prl-weights-")
+        }
+        from infra.rollout.client import EngineClient
+
+        client = EngineClient(actor.url)
+        assert client.model_info()["weight_version"] == "4"
+        name = "model.layers.0.self_attn.q_proj.weight"
+        expected = load_file(str(other / "model.safetensors"))[name]
+        assert torch.equal(torch.tensor(client.get_weights_by_name(name)), expected[:100])
+    finally:
+        actor.stop()
