@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_gpu_config_launch_command_parses_to_what_we_meant(sglang_python: str):
     cfg = load_config(REPO / "configs" / "gpu-grpo.yaml")
-    extra = {**cfg.rollout.sglang_args, "tp_size": 2}  # tp as an engine spanning 2 GPUs asks for it
-    cmd = engine_command("sglang", cfg.model.path, "10.1.2.3", 30123, 4321, 4, extra)
+    cmd = engine_command(
+        "sglang", cfg.model.path, "10.1.2.3", 30123, 4321, 4, cfg.rollout.sglang_args, tp_size=2
+    )
     parsed = run_json(sglang_python, "parse_launch.py", cmd)
     assert parsed == {
         "model_path": cfg.model.path,

@@ -69,11 +69,14 @@ def test_replies_parse_with_sglang_types(sglang_python: str, server):
             "127.0.0.1", port, rank=0, world_size=2, group_name=group_name, timeout_s=60
         )
         outputs.append(("InitWeightsUpdateGroupReqOutput", joined.result(timeout=60)))
+        # the server speaks SGLang 0.5.23's protocol: updates only inside a session
+        outputs.append(("BeginWeightUpdateReqOutput", _post(url, "/begin_weight_update", {})))
         new = torch.randn(64)
         body = {"names": [PARAM], "dtypes": ["float32"], "shapes": [[64]], "group_name": group_name}
         posted = pool.submit(_post, url, "/update_weights_from_distributed", {**body, "weight_version": "3"})
         broadcast(group, new, src=0)
         outputs.append(("UpdateWeightsFromDistributedReqOutput", posted.result(timeout=60)))
+        outputs.append(("EndWeightUpdateReqOutput", _post(url, "/end_weight_update", {})))
         close_update_group(group)
     destroyed = _post(url, "/destroy_weights_update_group", {"group_name": group_name})
     outputs.append(("DestroyWeightsUpdateGroupReqOutput", destroyed))
