@@ -50,6 +50,7 @@ class RLSystem:
         self.groups: dict = {}
         self.order: dict[str, list[int]] = {}
         self.placement: dict[str, list[str]] = {}
+        self.pids: dict[str, list] = {}  # process ids per role (trainer ranks, engine servers)
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
@@ -80,16 +81,14 @@ class RLSystem:
 
         self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
-        pids = ray.get([e.pid.remote() for e in self.engines])
-        for i, (url, pid) in enumerate(zip(urls, pids, strict=True)):
-            log.info("engine %d: %s (server pid %s)", i, url, pid)
+        self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
+        log.info("engines up: %s", urls)
 
         ranks = cfg.cluster.trainer.num_workers
         self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
-        for r, pid in enumerate(ray.get([t.pid.remote() for t in self.trainers])):
-            log.info("trainer rank %d: pid %d", r, pid)
+        self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
 
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()

@@ -93,12 +93,14 @@ class EngineFleet:
                 if exc.status is None and not client.health():  # no answer at all: is it gone?
                     raise EngineDown(f"engine {client.url} died: {exc}") from exc
                 raise
+            probed = time.monotonic()
+            healthy = client.health()
             now = time.monotonic()
-            if client.health():
+            if healthy:
                 silent_since = None
             elif silent_since is None:
-                silent_since = now
-            elif now - silent_since > self.health_timeout_s:
+                silent_since = probed
+            if silent_since is not None and now - silent_since > self.health_timeout_s:
                 raise EngineDown(
                     f"engine {client.url} hung: no /health answer for {now - silent_since:.0f} s "
                     f"(rollout.engine_health_timeout_s={self.health_timeout_s}) "

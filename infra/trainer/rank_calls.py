@@ -27,7 +27,7 @@ def get_ranks(refs: list, what: str) -> list:
         try:
             results[r] = ray.get(done[0])
         except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-            raise TrainerRankDied(f"trainer rank {r} died during {what}: {exc}") from exc
+            raise TrainerRankDied(f"trainer rank {r} died during {what}: {_first_line(exc)}") from exc
         except Exception:
             # a live rank's collective failed ("connection closed by peer"): if that is
             # because another rank died, name the dead rank rather than the symptom
@@ -45,6 +45,13 @@ def _raise_if_died(pending: list, index: dict, what: str, timeout_s: float) -> N
         try:
             ray.get(ref)
         except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-            raise TrainerRankDied(f"trainer rank {index[ref]} died during {what}: {exc}") from exc
+            raise TrainerRankDied(
+                f"trainer rank {index[ref]} died during {what}: {_first_line(exc)}"
+            ) from exc
         except Exception:  # noqa: BLE001, S112 - another symptom; keep looking for a death
             continue
+
+
+def _first_line(exc: BaseException) -> str:
+    # Ray's message goes on for lines about OOM killers; the cause stays chained
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
