@@ -111,6 +111,7 @@ class TrainerRank:
 
     # --- weight sync: the rank-side half of infra/weights (gathers are collective) -------
 
+    @ray.method(concurrency_group="restore")  # also after an engine restart, beside training
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Rank 0 learns the engines' dtype and group ranks (the check needs them in any mode)."""
         if self.rank != 0:
@@ -194,11 +195,17 @@ class TrainerRank:
         (all ranks gather; rank 0 compares and raises WeightMismatchError naming the first
         tensor and engine that differ)."""
         check = WeightCheck(self._links) if self.rank == 0 else None
+        failed: Exception | None = None
         with torch.no_grad():
             for name, param in self.model.named_parameters():
                 full = _full(param)  # every rank gathers, whatever rank 0 finds
-                if check is not None:
-                    check.compare(name, full)
+                if check is not None and failed is None:
+                    try:
+                        check.compare(name, full)
+                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
+                        failed = exc  # an engine that does not answer: keep the ranks in step
+        if failed is not None:
+            raise failed
         return check.raise_on_mismatch() if check is not None else {}
 
     # --- state: full dict, DCP checkpoints, HF export -------------------------------------

@@ -21,6 +21,7 @@ import ray
 
 from infra.config import RunConfig
 from infra.storage.fs import RunStore, storage_options
+from infra.trainer.rank_calls import get_ranks
 
 EXPORTS = "weights"
 
@@ -67,8 +68,6 @@ class BroadcastTransport(WeightTransport):
         ray.get([t.open_weight_group.remote(self.group_name) for t in self.trainers])
 
     def push(self, version: int) -> dict:
-        from infra.trainer.rank_calls import get_ranks
-
         return get_ranks([t.update_weights.remote(version) for t in self.trainers], "weight sync")[0]
 
     def restore(self, engine_urls: list[str], index: int) -> str:
@@ -86,7 +85,7 @@ class DiskTransport(WeightTransport):
         store = RunStore(self.cfg.storage, self.cfg.run_name)
         opts = storage_options(self.cfg.storage)
         uri = store.uri(export_rel(version))
-        ray.get([t.export_hf.remote(uri, opts) for t in self.trainers])
+        get_ranks([t.export_hf.remote(uri, opts) for t in self.trainers], "weight export")
         ray.get([e.load_weights_from_disk.remote(uri, opts, str(version)) for e in self.engines])
         removed = remove_older_exports(store, version)
         return {"export_uri": uri, "exports_removed": removed}
@@ -108,6 +107,7 @@ class DiskTransport(WeightTransport):
                 store.uri(export_rel(version)), opts, str(version)
             )
         )
+        ray.get(self.trainers[0].connect_engines.remote(engine_urls))  # the weight check's URLs
         return str(version)
 
 

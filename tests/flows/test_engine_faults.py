@@ -56,7 +56,8 @@ class EngineKiller(threading.Thread):
             self.killed.append((servers[0].pid, time.monotonic()))
 
 
-def test_killed_engine_is_restarted_and_the_run_loses_nothing(prefect_api, tmp_path):
+@pytest.mark.parametrize("method", ["broadcast", "disk"])
+def test_killed_engine_is_restarted_and_the_run_loses_nothing(prefect_api, tmp_path, method):
     cfg = RunConfig.model_validate(
         {
             "run_name": "enginekill",
@@ -68,7 +69,7 @@ def test_killed_engine_is_restarted_and_the_run_loses_nothing(prefect_api, tmp_p
                 "sampling": {"max_new_tokens": 12},
                 "engine_health_timeout_s": 10,
             },
-            "weight_sync": {"check_weight_update_equal": True, "timeout_s": 30},
+            "weight_sync": {"method": method, "check_weight_update_equal": True, "timeout_s": 30},
             "storage": {"uri": str(tmp_path / "runs")},
             "checkpoint": {"save_interval": None},
             "eval": {"interval": None},
