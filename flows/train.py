@@ -59,6 +59,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     with system as run, remote_options(num_cpus=0):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
         log.info("placement (node ids): %s", system.placement)
+        log.info("process ids: %s", system.pids)  # what to look for when a process dies
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
         schedule = LoopSchedule.from_config(config, run.ends_epoch, start)
         log.info(

@@ -80,6 +80,12 @@ class ClusterConfig(_Section):
         ge=1,
         description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
+    collective_timeout_s: float = Field(
+        300,
+        gt=0,
+        description="Timeout of the trainer ranks' process group: a collective whose peer died fails after "
+        "this long instead of hanging (the flow itself notices a dead rank at once).",
+    )
 
     @field_validator("trainer", mode="before")
     @classmethod
@@ -129,6 +135,20 @@ class RolloutConfig(_Section):
     )
     startup_timeout_s: float = Field(120, gt=0, description="How long an engine may take to answer /health.")
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one HTTP request to an engine.")
+    engine_health_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="While generating, each engine's /health is probed; an engine whose server has exited "
+        "or has not answered for this long is restarted, re-joins the weight sync and gets the weights "
+        "it held, and its unfinished requests run again (same seeds).",
+    )
+    engine_max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Restarts of one engine server per run before a fault fails the generate task "
+        "(0: no restarts). With broadcast sync, trainer rank 0 keeps a CPU copy of the last weights "
+        "it sent (one model in the engines' dtype) so a restarted engine can get them while training runs.",
+    )
     sglang_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Extra `sglang.launch_server` flags (engine=sglang only)."
     )
@@ -352,6 +372,12 @@ class WeightSyncConfig(_Section):
         "returns) on every engine with the trainer's, in the engine's dtype; report the real max_abs_diff "
         "and fail naming the tensor and engine on a mismatch. Few SGLang model classes implement "
         "/get_weights_by_name (Llama does).",
+    )
+    timeout_s: float = Field(
+        120,
+        gt=0,
+        description="Longest wait of one weight-sync step: forming the weight-update group, one broadcast, "
+        "one HTTP request to an engine. A dead engine fails the sync within it, naming the engine's URL.",
     )
 
 

@@ -16,6 +16,7 @@ from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
 from infra.storage.run_folder import resume_point
 from infra.tracking import Trackers
+from infra.trainer.rank_calls import get_ranks
 from infra.weights.transport import WeightTransport
 
 
@@ -46,32 +47,37 @@ class RunHandles:
     def train(self, rollout_id: int) -> dict:
         # The batch goes manager -> object store -> every rank; the ref never leaves Ray.
         batch_ref = self.manager.get_batch.remote(rollout_id)
-        results = ray.get([t.train.remote(rollout_id, batch_ref) for t in self.trainers])
+        results = get_ranks(
+            [t.train.remote(rollout_id, batch_ref) for t in self.trainers], f"train {rollout_id}"
+        )
         self.manager.release.remote(rollout_id)
         return results[0]
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
         t0 = time.monotonic()
-        for url in self.engine_urls:
+        for url in ray.get(self.manager.engine_urls.remote()):  # current: an engine may have restarted
             EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
         return {"time_engine_release_s": time.monotonic() - t0}
 
     def resume_engines(self) -> dict:
         """Colocated mode: engines take their memory back (before the weight sync refills it)."""
         t0 = time.monotonic()
-        for url in self.engine_urls:
+        for url in ray.get(self.manager.engine_urls.remote()):
             EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
         return {"time_engine_resume_s": time.monotonic() - t0}
 
     def sync(self, weight_version: int) -> dict:
         t0 = time.monotonic()
+        # an engine that died since the last generate is restarted and restored first
+        restarts = ray.get(self.manager.ensure_engines.remote())
         result = self.transport.push(weight_version)
         if self.cfg.weight_sync.check_weight_update_equal:
-            checks = ray.get([t.check_weights_equal.remote() for t in self.trainers])
+            checks = get_ranks([t.check_weights_equal.remote() for t in self.trainers], "weight check")
             result.update(checks[0])
         result["time_sync_s"] = time.monotonic() - t0
         result["engine_weight_version"] = weight_version
+        result["sync_engine_restarts"] = restarts
         return result
 
     def evaluate(self, rollout_id: int) -> dict:
@@ -93,7 +99,7 @@ class RunHandles:
             ckpts.discard(rollout_id)  # an earlier run's (resumed from before it): replace it
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
-        ray.get([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers])
+        get_ranks([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers], "save")
         nxt = rollout_id + 1
         meta = {
             "rollout_id": rollout_id,
@@ -107,7 +113,7 @@ class RunHandles:
         result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
         if export_hf:
             result["hf_export_uri"] = self.store.uri("hf", "latest")
-            ray.get([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers])
+            get_ranks([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers], "export")
         result["time_save_s"] = time.monotonic() - t0
         return result
 
@@ -125,7 +131,7 @@ class RunHandles:
         if point is not None:
             uri, meta = point
             opts = storage_options(self.cfg.storage)
-            ray.get([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers])
+            get_ranks([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers], "load")
             nxt = meta["next_rollout_id"]
             ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
         truncate_metrics(self.store, nxt)  # rows of iterations that will be redone

@@ -50,6 +50,7 @@ class RLSystem:
         self.groups: dict = {}
         self.order: dict[str, list[int]] = {}
         self.placement: dict[str, list[str]] = {}
+        self.pids: dict[str, list] = {}  # process ids per role (trainer ranks, engine servers)
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
@@ -80,20 +81,25 @@ class RLSystem:
 
         self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
+        self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
         log.info("engines up: %s", urls)
 
         ranks = cfg.cluster.trainer.num_workers
         self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
+        self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
 
-        # threaded: the trainers fetch batch k while generation of k+1 runs
-        manager = (
-            ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, urls, model_uri)
-        )
-        self.actors.append(manager)
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()
+        # threaded: the trainers fetch batch k while generation of k+1 runs; with the engine
+        # actors and the transport it restarts a failed engine and restores its weights
+        manager = (
+            ray.remote(RolloutManager)
+            .options(num_cpus=0, max_concurrency=8)
+            .remote(cfg, urls, model_uri, list(self.engines), self.transport)
+        )
+        self.actors.append(manager)
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
         self.trackers = Trackers(cfg, store)
@@ -121,7 +127,8 @@ class RLSystem:
 
     def _place(self, cls: type, layout: PlacementLayout, role: str, args: Callable[[int], tuple]) -> list:
         """One actor per slot of the role (its own bundle, or a trainer bundle when colocated)."""
-        remote = ray.remote(cls)
+        # a trainer rank restores a restarted engine's weights in its own thread, beside training
+        remote = ray.remote(concurrency_groups={"restore": 1})(cls) if cls is TrainerRank else ray.remote(cls)
         slots = layout.slots[role]
         return [
             remote.options(**slot_options(self.groups, self.order, s)).remote(*args(i))
@@ -148,8 +155,8 @@ class RLSystem:
             except Exception as e:  # noqa: BLE001 - the actor may already be dead
                 log.warning("engine stop failed: %s", e)
         for trainer in self.trainers:
-            try:
-                ray.get(trainer.shutdown.remote(), timeout=30)
+            try:  # a rank stuck in a collective with a dead peer never answers: a short wait
+                ray.get(trainer.shutdown.remote(), timeout=10)
             except Exception as e:  # noqa: BLE001
                 log.warning("trainer shutdown failed: %s", e)
         for actor in [*self.actors, *self.trainers, *self.engines]:

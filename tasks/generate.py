@@ -12,6 +12,12 @@ from tasks.options import RETRIED
 @task(name="generate", task_run_name="generate-{rollout_id:04d}", **RETRIED)
 def generate(run: RunHandles, rollout_id: int) -> dict:
     summary = run.generate(rollout_id)
+    if summary.get("engine_restarts"):
+        get_run_logger().warning(
+            "rollout %d: %d engine(s) failed and were restarted with their weights; their requests ran again",
+            rollout_id,
+            summary["engine_restarts"],
+        )
     get_run_logger().info(
         "rollout %d: %d samples, reward %.3f, weight version %d, %.2fs",
         rollout_id,

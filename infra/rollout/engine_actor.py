@@ -53,6 +53,12 @@ class EngineActor:
             client = EngineClient(self.url, self.cfg.rollout.request_timeout_s)
             client.update_weights_from_disk(local, weight_version)
 
+    def restart(self, model_uri: str, storage_options: dict) -> str:
+        """Replace a dead or hung server with a fresh one (a new port); returns its URL.
+        It serves the model's initial weights until the weight transport restores them."""
+        self.stop()
+        return self.start(model_uri, storage_options)
+
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 

@@ -20,6 +20,7 @@ from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.engine_fleet import EngineFleet
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
@@ -32,14 +33,31 @@ def _plain(value):
 
 
 class RolloutManager:
-    def __init__(self, cfg: RunConfig, engine_urls: list[str], model_uri: str):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engine_urls: list[str],
+        model_uri: str,
+        engine_actors: list | None = None,
+        transport=None,
+    ):
         from transformers import AutoTokenizer
 
         self.cfg = cfg
         opts = storage_options(cfg.storage)
         self.store = RunStore(cfg.storage, cfg.run_name)
         self.tokenizer = AutoTokenizer.from_pretrained(localize(model_uri, opts))
-        self.engines = [EngineClient(u, cfg.rollout.request_timeout_s) for u in engine_urls]
+        r = cfg.rollout
+        # with the engines' actors and the weight transport, a failed engine is recovered
+        self.engines = EngineFleet(
+            engine_urls,
+            r.request_timeout_s,
+            r.engine_health_timeout_s,
+            r.engine_max_restarts,
+            engine_actors,
+            transport,
+            (model_uri, opts),
+        )
         data = cfg.data
         train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
         self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
@@ -113,10 +131,14 @@ class RolloutManager:
 
         def run(e: int) -> list[dict]:
             idx = chunks[e]
-            return self.engines[e].generate(
-                [prompt_ids[j // n] for j in idx],
-                [{**params, "sampling_seed": seed + j} for j in idx],
-                rid=[f"{rid}-{j:07d}" for j in idx],
+            # a chunk whose engine fails is sent again whole, once the engine is recovered
+            return self.engines.call(
+                e,
+                lambda client: client.generate(
+                    [prompt_ids[j // n] for j in idx],
+                    [{**params, "sampling_seed": seed + j} for j in idx],
+                    rid=[f"{rid}-{j:07d}" for j in idx],
+                ),
             )
 
         with ThreadPoolExecutor(len(chunks)) as pool:
@@ -145,7 +167,7 @@ class RolloutManager:
     def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:
         """rollout.generate_fn over each prompt group (groups spread over the engines)."""
 
-        def run(g: int) -> list[Trajectory]:
+        def group(g: int, client: EngineClient) -> list[Trajectory]:
             row, first = rows[g], g * n
             request = GroupRequest(
                 prompt=row["prompt_text"],
@@ -155,10 +177,15 @@ class RolloutManager:
                 sampling_params=dict(params),
                 seeds=[seed + first + i for i in range(n)],
                 rids=[f"{rid}-{first + i:07d}" for i in range(n)],
-                engine=self.engines[g % len(self.engines)],
+                engine=client,
                 tokenizer=self.tokenizer,
             )
-            out = list(self.generate_fn(request))
+            return list(self.generate_fn(request))
+
+        def run(g: int) -> list[Trajectory]:
+            # watched like single-turn requests: a group whose engine died runs again, whole,
+            # with the same seeds, once the engine is back
+            out = self.engines.call(g % len(self.engines), lambda client: group(g, client))
             if len(out) != n:
                 raise ValueError(f"rollout.generate_fn returned {len(out)} trajectories for n={n}")
             for t in out:
@@ -205,6 +232,7 @@ class RolloutManager:
             if rollout_id in self._summaries:
                 return self._summaries[rollout_id]
         t0 = time.monotonic()
+        recovered_before = len(self.engines.recoveries)
         r = self.cfg.rollout
         seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
         rows, dropped = self._fit(self.source.batch(rollout_id))
@@ -232,6 +260,7 @@ class RolloutManager:
         uri = write_rollout(self.store, rollout_id, samples)
         check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
         extra["prompts_dropped"] = dropped
+        extra["engine_restarts"] = len(self.engines.recoveries) - recovered_before
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
 
     def _keep(
@@ -281,6 +310,17 @@ class RolloutManager:
     def release(self, rollout_id: int) -> None:
         with self._lock:
             self._batches.pop(rollout_id, None)
+
+    # -- engines --------------------------------------------------------------------------
+    def engine_urls(self) -> list[str]:
+        return list(self.engines.urls)
+
+    def ensure_engines(self) -> int:
+        """Recover engines that are down now (before a weight sync); returns how many."""
+        return self.engines.ensure_healthy()
+
+    def recoveries(self) -> list[dict]:
+        return list(self.engines.recoveries)
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:

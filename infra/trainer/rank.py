@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from functools import partial
 
+import ray
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -46,6 +47,9 @@ class TrainerRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self._links: list[EngineLink] = []
         self._sender: BroadcastSender | None = None
+        # rank 0: the buckets of the last complete push, as sent (engine dtype), and their
+        # version; a restarted engine gets them while the ranks train (no collective needed)
+        self._last_push: tuple[str, list[tuple[list[str], list[torch.Tensor]]]] | None = None
         # a local cluster stays on loopback; on a real cluster peers dial this node's IP
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
 
@@ -56,7 +60,9 @@ class TrainerRank:
         """Join the trainer group and load the model (from a local or s3:// HF directory)."""
         model_path = self.model_dir = localize(model_uri, storage_options)
         torch.set_num_threads(self.cfg.cluster.threads_per_worker)
-        init_distributed(self.rank, self.world_size, master_addr, master_port)
+        init_distributed(
+            self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
+        )
         alg = self.cfg.algorithm
         torch.manual_seed(alg.seed)
         self.model = self._load(model_path, trainable=True)
@@ -104,6 +110,7 @@ class TrainerRank:
 
     # --- weight sync: the rank-side half of infra/weights (gathers are collective) -------
 
+    @ray.method(concurrency_group="restore")  # also after an engine restart, beside training
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Rank 0 learns the engines' dtype and group ranks (the check needs them in any mode)."""
         if self.rank != 0:
@@ -111,16 +118,43 @@ class TrainerRank:
         with open(os.path.join(self.model_dir, "config.json")) as f:
             model_config = json.load(f)  # the checkpoint's dtype, not the fp32 we train in
         self._links = connect_engines(
-            engine_urls, self.cfg.rollout.tp_size, model_config, self.cfg.rollout.request_timeout_s
+            engine_urls, self.cfg.rollout.tp_size, model_config, self.cfg.weight_sync.timeout_s
         )
 
     def open_weight_group(self, group_name: str) -> None:
         if self.rank != 0:
             return
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self._sender = BroadcastSender(self._links, group_name)
+        self._sender = BroadcastSender(self._links, group_name, self.cfg.weight_sync.timeout_s)
         self._sender.open(self._address, free_port(self._address), backend)
 
+    @ray.method(concurrency_group="restore")
+    def restore_engines(self, engine_urls: list[str], group_name: str) -> str:
+        """Rank 0, beside a running train step: rebuild the weight-update group over the
+        engines' current URLs (one restarted) under a fresh name, and send every engine the
+        weights of the last push with their version; returns that version.
+
+        Only this rank's copy of the last push is used, so no collective of the trainer
+        group is needed. The engines that stayed up receive the weights they already hold.
+        """
+        if self.rank != 0 or self._last_push is None:
+            raise RuntimeError("restore_engines: rank 0 has no pushed weights to restore from")
+        old, self._sender = self._sender, None
+        if old is not None:
+            with suppress(RuntimeError):  # live engines destroy their end; the dead one cannot
+                old.close()
+        self.connect_engines(engine_urls)
+        self.open_weight_group(group_name)
+        version, buckets = self._last_push
+        with torch.no_grad(), self._sender.session():
+            for i, (names, tensors) in enumerate(buckets):
+                self._sender.send_bucket(names, tensors, i == len(buckets) - 1, version)
+        return version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    @ray.method(concurrency_group="restore")  # also while the main thread is stuck
     def close_weight_group(self) -> None:
         sender, self._sender = self._sender, None
         if sender is not None:
@@ -135,12 +169,24 @@ class TrainerRank:
         sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
         buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
         session = self._sender.session() if self.rank == 0 else nullcontext()
+        keep = self.rank == 0 and self.cfg.rollout.engine_max_restarts > 0
+        kept: list[tuple[list[str], list[torch.Tensor]]] = []
+        failed: Exception | None = None
         with torch.no_grad(), session:
             for i, names in enumerate(buckets):
                 tensors = [_full(params[name]) for name in names]
-                if self.rank == 0:
+                if self.rank == 0 and failed is None:
                     last = i == len(buckets) - 1
-                    nbytes += self._sender.send_bucket(names, tensors, last, str(weight_version))
+                    try:
+                        nbytes += self._sender.send_bucket(names, tensors, last, str(weight_version))
+                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
+                        failed = exc  # the other ranks still gather every bucket: keep in step
+                    if keep:
+                        kept.append((names, [t.detach().to(self._sender.dtype, copy=True) for t in tensors]))
+        if failed is not None:
+            raise failed
+        if keep:
+            self._last_push = (str(weight_version), kept)
         return {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
 
     def check_weights_equal(self) -> dict:
@@ -148,11 +194,17 @@ class TrainerRank:
         (all ranks gather; rank 0 compares and raises WeightMismatchError naming the first
         tensor and engine that differ)."""
         check = WeightCheck(self._links) if self.rank == 0 else None
+        failed: Exception | None = None
         with torch.no_grad():
             for name, param in self.model.named_parameters():
                 full = _full(param)  # every rank gathers, whatever rank 0 finds
-                if check is not None:
-                    check.compare(name, full)
+                if check is not None and failed is None:
+                    try:
+                        check.compare(name, full)
+                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
+                        failed = exc  # an engine that does not answer: keep the ranks in step
+        if failed is not None:
+            raise failed
         return check.raise_on_mismatch() if check is not None else {}
 
     # --- state: full dict, DCP checkpoints, HF export -------------------------------------

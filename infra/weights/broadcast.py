@@ -30,6 +30,12 @@ class BroadcastSender:
 
     def open(self, address: str, port: int, backend: str) -> None:
         """Form the group: every engine's join request blocks until all ranks are in."""
+        try:
+            self._open(address, port, backend)
+        except Exception as exc:
+            raise self.peer_error("forming the weight-update group", exc) from exc
+
+    def _open(self, address: str, port: int, backend: str) -> None:
         offsets, world_size = group_layout([link.tp_size for link in self.links])
         with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
             joins = [
@@ -54,7 +60,7 @@ class BroadcastSender:
                 backend=backend,
             )
             for join in joins:
-                join.result()
+                join.result(timeout=self.timeout_s)
 
     def session(self) -> AbstractContextManager[None]:
         """Wrap a whole sync: every engine inside an update session where it has them."""
@@ -64,6 +70,19 @@ class BroadcastSender:
 
     def send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
         """Announce and broadcast one bucket to every engine; returns the bytes sent."""
+        try:
+            return self._send_bucket(names, tensors, last, version)
+        except Exception as exc:
+            raise self.peer_error("weight sync", exc) from exc
+
+    def peer_error(self, what: str, exc: Exception) -> RuntimeError:
+        """The error of a failed group step, naming the engines that no longer answer (a gloo
+        "connection closed by peer" alone says nothing of which engine it was)."""
+        dead = [link.url for link in self.links if not link.client.health()]
+        who = f"engine {', '.join(dead)} not answering" if dead else f"engines {[k.url for k in self.links]}"
+        return RuntimeError(f"{what} failed ({who}): {type(exc).__name__}: {exc}")
+
+    def _send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
         sent = [t.to(self.dtype).contiguous() for t in tensors]
         dtypes = [dtype_name(t.dtype) for t in sent]
         shapes = [list(t.shape) for t in sent]
@@ -83,7 +102,7 @@ class BroadcastSender:
             for tensor in sent:
                 broadcast(self.group, tensor, src=0)
             for post in posts:
-                post.result()
+                post.result(timeout=self.timeout_s)
         return sum(t.numel() * t.element_size() for t in sent)
 
     def close(self) -> None:

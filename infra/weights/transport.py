@@ -21,6 +21,7 @@ import ray
 
 from infra.config import RunConfig
 from infra.storage.fs import RunStore, storage_options
+from infra.trainer.rank_calls import get_ranks
 
 EXPORTS = "weights"
 
@@ -49,6 +50,11 @@ class WeightTransport(ABC):
     def push(self, version: int) -> dict:
         """Bring every engine to the trainer's weights, tagged `version`; small stats back."""
 
+    @abstractmethod
+    def restore(self, engine_urls: list[str], index: int) -> str:
+        """Bring restarted engine `index` (now at `engine_urls[index]`) back to the weights
+        of the last push, while the trainer may be training; returns their version."""
+
     def close(self) -> None:  # noqa: B027 - nothing to tear down unless a transport built it
         """Tear down what `open` built; safe to call more than once."""
 
@@ -62,7 +68,12 @@ class BroadcastTransport(WeightTransport):
         ray.get([t.open_weight_group.remote(self.group_name) for t in self.trainers])
 
     def push(self, version: int) -> dict:
-        return ray.get([t.update_weights.remote(version) for t in self.trainers])[0]
+        return get_ranks([t.update_weights.remote(version) for t in self.trainers], "weight sync")[0]
+
+    def restore(self, engine_urls: list[str], index: int) -> str:
+        # every engine joins a new group (fresh name): a group cannot take a new member
+        name = group_name_for(self.cfg.run_name)
+        return ray.get(self.trainers[0].restore_engines.remote(engine_urls, name))
 
     def close(self) -> None:
         ray.get([t.close_weight_group.remote() for t in self.trainers], timeout=120)
@@ -74,10 +85,30 @@ class DiskTransport(WeightTransport):
         store = RunStore(self.cfg.storage, self.cfg.run_name)
         opts = storage_options(self.cfg.storage)
         uri = store.uri(export_rel(version))
-        ray.get([t.export_hf.remote(uri, opts) for t in self.trainers])
+        get_ranks([t.export_hf.remote(uri, opts) for t in self.trainers], "weight export")
         ray.get([e.load_weights_from_disk.remote(uri, opts, str(version)) for e in self.engines])
         removed = remove_older_exports(store, version)
         return {"export_uri": uri, "exports_removed": removed}
+
+    def restore(self, engine_urls: list[str], index: int) -> str:
+        # the last push's export is the only one kept (remove_older_exports)
+        store = RunStore(self.cfg.storage, self.cfg.run_name)
+        versions = sorted(
+            int(n[1:])
+            for n in (e.rstrip("/").rsplit("/", 1)[-1] for e in store.ls(EXPORTS))
+            if n.startswith("v") and n[1:].isdigit()
+        )
+        if not versions:
+            raise RuntimeError("weight restore: no weight export to load into the restarted engine")
+        version = versions[-1]
+        opts = storage_options(self.cfg.storage)
+        ray.get(
+            self.engines[index].load_weights_from_disk.remote(
+                store.uri(export_rel(version)), opts, str(version)
+            )
+        )
+        ray.get(self.trainers[0].connect_engines.remote(engine_urls))  # the weight check's URLs
+        return str(version)
 
 
 def remove_older_exports(store: RunStore, keep: int) -> int:

@@ -1,0 +1,154 @@
+"""The engines as the rollout manager uses them, and the recovery of one that fails.
+
+Every request to an engine runs under a watch: while it waits, the engine's `/health` is
+probed. An engine whose server has exited (a refused or dropped connection that /health
+confirms), or that has not answered /health for `rollout.engine_health_timeout_s`, is
+recovered before the request runs again on it:
+
+1. its EngineActor restarts the server process (a new port: the fleet learns the new URL);
+2. the weight transport rebuilds the weight-update group over all engines under a fresh
+   name and sends them the weights of the last push, labelled with that push's version.
+
+So the restarted engine serves exactly the weights (and version) the dead one held, even
+in async mode while the trainer is busy training the next version: the trainer's rank 0
+keeps the last push, and the trainer group need not take part. The request then runs
+again with the same rids and per-sample seeds (identical samples on the built-in engine);
+its first attempt's outputs never reached the batch, so nothing is lost or duplicated.
+Only the failed engine's share is redone; the other engines' requests are untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
+
+import ray
+
+from infra.rollout.client import EngineClient, EngineError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+PROBE_INTERVAL_S = 1.0
+
+
+class EngineDown(EngineError):
+    """An engine's server exited or stopped answering /health."""
+
+
+class EngineFleet:
+    def __init__(
+        self,
+        urls: list[str],
+        request_timeout_s: float,
+        health_timeout_s: float,
+        max_restarts: int,
+        actors: list | None = None,
+        transport=None,
+        restart_args: tuple = (),
+    ):
+        self.urls = list(urls)
+        self.request_timeout_s = request_timeout_s
+        self.health_timeout_s = health_timeout_s
+        self.max_restarts = max_restarts if actors else 0  # no actors (tests): nothing to restart
+        self.actors = actors or []
+        self.transport = transport
+        self.restart_args = restart_args
+        self.restarts = [0] * len(urls)
+        self.recoveries: list[dict] = []  # one record per recovery: engine, URLs, version, timings
+        self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def client(self, e: int) -> EngineClient:
+        return EngineClient(self.urls[e], self.request_timeout_s)
+
+    def call(self, e: int, fn: Callable[[EngineClient], T]) -> T:
+        """`fn(client of engine e)`, watched; after a recovery of engine e it runs again."""
+        while True:
+            generation = self.restarts[e]
+            try:
+                return self._watched(e, fn)
+            except EngineDown as exc:
+                self.recover(e, generation, exc)
+
+    def _watched(self, e: int, fn: Callable[[EngineClient], T]) -> T:
+        client = self.client(e)
+        pool = ThreadPoolExecutor(1)
+        future = pool.submit(fn, client)
+        pool.shutdown(wait=False)  # a hung request must not hold the caller: its server is killed
+        t0 = time.monotonic()
+        silent_since: float | None = None
+        while True:
+            try:
+                return future.result(timeout=PROBE_INTERVAL_S)
+            except FutureTimeout:
+                pass
+            except EngineError as exc:
+                if exc.status is None and not client.health():  # no answer at all: is it gone?
+                    raise EngineDown(f"engine {client.url} died: {exc}") from exc
+                raise
+            probed = time.monotonic()
+            healthy = client.health()
+            now = time.monotonic()
+            if healthy:
+                silent_since = None
+            elif silent_since is None:
+                silent_since = probed
+            if silent_since is not None and now - silent_since > self.health_timeout_s:
+                raise EngineDown(
+                    f"engine {client.url} hung: no /health answer for {now - silent_since:.0f} s "
+                    f"(rollout.engine_health_timeout_s={self.health_timeout_s}) "
+                    f"{now - t0:.0f} s into a request"
+                )
+
+    def recover(self, e: int, generation: int, cause: EngineError) -> None:
+        """Restart engine e and give it the last pushed weights (once, however many callers saw it fail)."""
+        with self._lock:
+            if self.restarts[e] != generation:
+                return  # another request already recovered it
+            if self.restarts[e] >= self.max_restarts:
+                raise EngineError(
+                    f"{cause}; not restarted: {self.restarts[e]} restarts of engine {e} so far "
+                    f"(rollout.engine_max_restarts={self.max_restarts})"
+                )
+            t0 = time.monotonic()
+            old = self.urls[e]
+            log.warning("engine %d at %s is down (%s): restarting it", e, old, cause)
+            self.urls[e] = ray.get(self.actors[e].restart.remote(*self.restart_args))
+            t_restart = time.monotonic() - t0
+            version = self.transport.restore(list(self.urls), e) if self.transport is not None else None
+            self.restarts[e] += 1
+            record = {
+                "engine": e,
+                "old_url": old,
+                "new_url": self.urls[e],
+                "weight_version": version,
+                "cause": str(cause)[:500],
+                "time_restart_s": t_restart,
+                "time_recover_s": time.monotonic() - t0,
+            }
+            self.recoveries.append(record)
+            log.warning(
+                "engine %d back at %s with weight version %s in %.1fs",
+                e,
+                self.urls[e],
+                version,
+                record["time_recover_s"],
+            )
+
+    def ensure_healthy(self) -> int:
+        """Recover every engine that does not answer /health now (before a weight sync); returns how many."""
+        recovered = 0
+        for e in range(len(self.urls)):
+            generation = self.restarts[e]
+            client = self.client(e)
+            if not client.health():
+                self.recover(e, generation, EngineDown(f"engine {client.url}: no /health answer"))
+                recovered += 1
+        return recovered
