@@ -113,12 +113,23 @@ class EndWeightUpdateReq(_Body):
     pass
 
 
+def _is_branch_tag(part: object) -> bool:
+    # pydantic puts the union member it tried into the location (`SamplingParams`,
+    # `list[SamplingParams]`); the user wrote field names only
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part)
+
+
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
+    errors = exc.errors()
+    if any(not _is_branch_tag(e["loc"][-1]) for e in errors):
+        # a value that failed inside the union branch it matched need not also hear that it
+        # is not of the other branches' types
+        errors = [e for e in errors if not _is_branch_tag(e["loc"][-1])]
     parts = []
-    for err in exc.errors():
-        field = ".".join(str(x) for x in err["loc"] if x != "body") or "body"
+    for err in errors:
+        field = ".".join(str(x) for x in err["loc"] if x != "body" and not _is_branch_tag(x)) or "body"
         parts.append(f"{field}: {err['msg']}")
-    return "; ".join(parts)
+    return "; ".join(dict.fromkeys(parts))
 
 
 def prompts_of(

@@ -62,7 +62,9 @@ def test_release_frees_weights_and_resume_restores_them(server, model_dir):
     assert rss_resident - rss_released > 0.6 * weight_bytes, (rss_resident, rss_released, weight_bytes)
     client.release_memory_occupation(["weights"])  # a second release is a no-op, not an error
 
-    refused = httpx.post(f"{url}/generate", json={"input_ids": [1, 5], "sampling_params": {}}, timeout=30)
+    refused = httpx.post(
+        f"{url}/generate", json={"input_ids": [1, 5], "sampling_params": {"max_new_tokens": 4}}, timeout=30
+    )
     assert refused.status_code == 400
     assert "/resume_memory_occupation" in refused.json()["message"]
     check = httpx.post(f"{url}/get_weights_by_name", json={"name": name}, timeout=30)
@@ -72,7 +74,10 @@ def test_release_frees_weights_and_resume_restores_them(server, model_dir):
     assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # alive, just not resident
 
     client.resume_memory_occupation(["kv_cache"])  # not the weights: still released
-    assert httpx.post(f"{url}/generate", json={"input_ids": [1]}, timeout=30).status_code == 400
+    still = httpx.post(
+        f"{url}/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 4}}, timeout=30
+    )
+    assert still.status_code == 400 and "/resume_memory_occupation" in still.json()["message"]
     client.resume_memory_occupation()
     # same greedy tokens and bitwise the same logprobs: every weight came back as it was
     (after,) = client.generate([[1, 5, 6]], greedy)
