@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import ray
 
 from infra.config import RunConfig
-from infra.rollout.client import EngineClient
 from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
@@ -56,15 +55,13 @@ class RunHandles:
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
         t0 = time.monotonic()
-        for url in ray.get(self.manager.engine_urls.remote()):  # current: an engine may have restarted
-            EngineClient(url, self.cfg.rollout.request_timeout_s).release_memory_occupation()
+        ray.get(self.manager.set_engine_memory.remote(resident=False))
         return {"time_engine_release_s": time.monotonic() - t0}
 
     def resume_engines(self) -> dict:
         """Colocated mode: engines take their memory back (before the weight sync refills it)."""
         t0 = time.monotonic()
-        for url in ray.get(self.manager.engine_urls.remote()):
-            EngineClient(url, self.cfg.rollout.request_timeout_s).resume_memory_occupation()
+        ray.get(self.manager.set_engine_memory.remote(resident=True))
         return {"time_engine_resume_s": time.monotonic() - t0}
 
     def sync(self, weight_version: int) -> dict:

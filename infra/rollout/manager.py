@@ -315,6 +315,16 @@ class RolloutManager:
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)
 
+    def set_engine_memory(self, resident: bool) -> None:
+        """Colocated mode: every engine frees (or takes back) its weights. From here, a Ray
+        worker: it holds the run's engine key and the engines' current URLs."""
+        for e in range(len(self.engines)):
+            client = self.engines.client(e)
+            if resident:
+                client.resume_memory_occupation()
+            else:
+                client.release_memory_occupation()
+
     def ensure_engines(self) -> int:
         """Recover engines that are down now (before a weight sync); returns how many."""
         return self.engines.ensure_healthy()
