@@ -27,7 +27,16 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 class EngineState:
-    def __init__(self, model_path: str, seed: int, weight_version: str, session: bool = True):
+    def __init__(
+        self,
+        model_path: str,
+        seed: int,
+        weight_version: str,
+        session: bool = True,
+        group_timeout_s: float = 120.0,
+    ):
+        # a join or broadcast whose peer never comes fails after this, freeing its thread
+        self.group_timeout_s = group_timeout_s
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # float32 on CPU (no fast bf16 kernels there); the checkpoint's own dtype on GPU
         dtype = "auto" if self.device.type == "cuda" else torch.float32
@@ -116,7 +125,9 @@ class EngineState:
         if name in self.groups:
             raise BadRequest(f"group_name: weight-update group {name!r} already exists")
         # Blocks until every rank (trainer rank 0 included) has joined.
-        group = open_update_group(address, port, rank, world_size, group_name=name, backend=backend)
+        group = open_update_group(
+            address, port, rank, world_size, group_name=name, timeout_s=self.group_timeout_s, backend=backend
+        )
         self.groups[name] = (group, backend)
 
     def close_group(self, name: str) -> None:

@@ -263,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="0")
     parser.add_argument("--health-stall-s", type=float, default=120.0)
     parser.add_argument(
+        "--group-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long a weight-update group join or broadcast waits for its peers",
+    )
+    parser.add_argument(
         "--weight-update-session",
         choices=["on", "off"],
         default="on",
@@ -275,7 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     torch.set_num_threads(args.threads)
     api_key = os.environ.pop(API_KEY_ENV, None)  # from the environment: argv is visible to `ps`
-    state = EngineState(args.model_path, args.seed, args.weight_version, args.weight_update_session == "on")
+    state = EngineState(
+        args.model_path,
+        args.seed,
+        args.weight_version,
+        args.weight_update_session == "on",
+        group_timeout_s=args.group_timeout_s,
+    )
     app = create_app(state, api_key=api_key, stall_s=args.health_stall_s)
     try:
         # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up

@@ -254,3 +254,23 @@ def test_hung_group_joins_do_not_starve_generation(server):
 def _quietly(fn) -> None:
     with contextlib.suppress(httpx.HTTPError):
         fn()
+
+
+def test_a_group_join_without_peers_gives_up_after_its_timeout(tmp_path):
+    """A join whose trainer never comes frees its thread after --group-timeout-s."""
+    from fastapi.testclient import TestClient
+
+    from infra.cluster.network import free_port
+    from infra.rollout.engine_state import EngineState
+    from infra.rollout.server import create_app
+
+    model = build_tiny_model(tmp_path / "m", TinyModelConfig())
+    state = EngineState(str(model), seed=0, weight_version="0", group_timeout_s=3.0)
+    body = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2}
+    with TestClient(create_app(state)) as http:
+        t0 = time.monotonic()
+        resp = http.post("/init_weights_update_group", json={**body, "group_name": "lonely"})
+        assert resp.status_code >= 400 and resp.json()["success"] is False
+        assert time.monotonic() - t0 < 60
+        assert "lonely" not in state.groups
+        assert http.post("/generate", json=ok_body()).status_code == 200  # still serving
