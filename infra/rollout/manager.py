@@ -235,7 +235,7 @@ class RolloutManager:
         recovered_before = len(self.engines.recoveries)
         r = self.cfg.rollout
         seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
-        rows, dropped = self._fit(self.source.batch(rollout_id))
+        rows, _ = self._fit(self.source.batch(rollout_id))  # prompts_dropped: counted in _keep
         d = self.cfg.data
 
         def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
@@ -259,7 +259,6 @@ class RolloutManager:
         assign_advantages(samples, self.cfg.algorithm)
         uri = write_rollout(self.store, rollout_id, samples)
         check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
-        extra["prompts_dropped"] = dropped
         extra["engine_restarts"] = len(self.engines.recoveries) - recovered_before
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
 
@@ -273,6 +272,10 @@ class RolloutManager:
             "time_generate_s": t_gen,
             "time_rollout_s": t_all,
             "rollout_uri": uri,
+            # the same keys for a batch adopted on resume as for one generated here (a
+            # resumed run's metrics rows equal a straight run's): restarts count this run's
+            "prompts_dropped": self.cfg.rollout.prompts_per_rollout - len({s.group for s in batch.samples}),
+            "engine_restarts": 0,
             **(extra or {}),
         }
         with self._lock:

@@ -23,7 +23,8 @@ HEALTH_TIMEOUT_S = 3
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig())
+    # room for a request long enough to be killed in the middle of
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig(max_position_embeddings=4096))
 
 
 @pytest.fixture
