@@ -94,17 +94,22 @@ def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
         data = data or DataConfig()
         return RemoteReward(spec, data.remote_reward, data.reward_timeout_s)
     known = f"registered rewards: {', '.join(REWARDS)}; or give `module:function` or `file.py:function`"
+    return load_callable(spec, "reward", f"; {known}")
+
+
+def load_callable(spec: str, what: str, hint: str = "") -> Callable:
+    """The callable at `module:function` or `file.py:function` (a plug-in); errors name `what`."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown reward {spec!r}; {known}")
+        raise ValueError(f"unknown {what} {spec!r}{hint}")
     try:
         obj = load_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError, OSError, SyntaxError) as e:
-        raise ValueError(f"cannot load reward {spec!r}: {type(e).__name__}: {e}; {known}") from e
+        raise ValueError(f"cannot load {what} {spec!r}: {type(e).__name__}: {e}{hint}") from e
     if not callable(obj):
-        raise ValueError(f"reward {spec!r} is not callable; {known}")
+        raise ValueError(f"{what} {spec!r} is not callable{hint}")
     return obj
 
 

@@ -54,22 +54,9 @@ GenerateFn = Callable[[GroupRequest], list[Trajectory]]
 
 
 def resolve_generate_fn(spec: str) -> GenerateFn:
-    from infra.data.rewards import load_module
+    from infra.data.rewards import load_callable
 
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"rollout.generate_fn: expected `module:function` or `file.py:function`, got {spec!r}"
-        )
-    try:
-        obj = load_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, OSError, SyntaxError) as e:
-        raise ValueError(f"rollout.generate_fn: cannot load {spec!r}: {type(e).__name__}: {e}") from e
-    if not callable(obj):
-        raise ValueError(f"rollout.generate_fn: {spec!r} is not callable")
-    return obj
+    return load_callable(spec, "rollout.generate_fn", " (expected `module:function` or `file.py:function`)")
 
 
 def turn(
