@@ -8,11 +8,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from infra.cluster.network import free_port
 from infra.config import RunConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import RolloutManager
+from tests.engine_server import running_engine
 
 TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
@@ -26,13 +25,8 @@ def engine(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(model)
     tok.chat_template = TEMPLATE  # saved with the model, as an instruct model ships it
     tok.save_pretrained(model)
-    port = free_port()
-    proc = launch_engine("torch", str(model), "127.0.0.1", port, seed=0, threads=1)
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", proc, 90)
-        yield str(model), f"http://127.0.0.1:{port}"
-    finally:
-        stop_engine(proc)
+    with running_engine(model) as url:
+        yield str(model), url
 
 
 def _data(tmp_path) -> str:

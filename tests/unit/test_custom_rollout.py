@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from infra.cluster.network import free_port
 from infra.config import RunConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.custom import GroupRequest, Trajectory
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import RolloutManager
 from infra.rollout.tool_calculator import calculate, calculator_reward
 from infra.storage.fs import RunStore
 from infra.storage.rollouts import read_rollout
+from tests.engine_server import running_engine
 
 CALCULATOR = "infra.rollout.tool_calculator:two_turn_calculator"
 
@@ -21,13 +20,8 @@ CALCULATOR = "infra.rollout.tool_calculator:two_turn_calculator"
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     model = build_tiny_model(tmp_path_factory.mktemp("model"), TinyModelConfig())
-    port = free_port()
-    proc = launch_engine("torch", str(model), "127.0.0.1", port, seed=0, threads=1)
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", proc, 90)
-        yield str(model), f"http://127.0.0.1:{port}"
-    finally:
-        stop_engine(proc)
+    with running_engine(model) as url:
+        yield str(model), url
 
 
 def _manager(engine, tmp_path, generate_fn: str) -> RolloutManager:

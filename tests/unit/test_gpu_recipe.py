@@ -11,14 +11,13 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.config_files import load_config
 from infra.data.graders import gsm8k
 from infra.model.tiny import build_tiny_model
 from infra.preflight import preflight
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import RolloutManager
+from tests.engine_server import running_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = (
@@ -68,13 +67,8 @@ def setup(tmp_path_factory):
             "cluster.engines.gpus_per_worker=0",
         ],
     )
-    port = free_port()
-    proc = launch_engine("torch", str(model), "127.0.0.1", port, seed=0, threads=1)
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", proc, 90)
-        yield recipe, str(model), f"http://127.0.0.1:{port}"
-    finally:
-        stop_engine(proc)
+    with running_engine(model) as url:
+        yield recipe, str(model), url
 
 
 def test_recipe_passes_preflight_and_rolls_out_templated_gsm8k(setup) -> None:
