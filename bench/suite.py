@@ -41,13 +41,13 @@ class Bench:
 
 # The one list `make bench` runs; a new benchmark is one line here.
 BENCHES: list[Bench] = [
-    Bench("bench.demo_footprint"),
-    Bench("bench.checkpoint_io"),
-    Bench("bench.asyncio_driver"),
-    Bench("bench.weight_sync"),
     Bench("bench.engine_throughput"),
+    Bench("bench.weight_sync"),
     Bench("bench.trainer_throughput"),
     Bench("bench.trl_compare", needs="trl"),
+    Bench("bench.asyncio_driver"),
+    Bench("bench.checkpoint_io"),
+    Bench("bench.demo_footprint"),
 ]
 
 

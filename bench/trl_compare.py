@@ -77,6 +77,7 @@ def _trl(steps: int, tmp: str) -> float:
         logging_strategy="no", disable_tqdm=True, max_steps=steps + 1, learning_rate=5e-3, beta=0.0,
         per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES, steps_per_generation=1,
         max_completion_length=NEW_TOKENS, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+        gradient_checkpointing=False,  # its default trades time for memory a tiny model does not need
     )  # fmt: skip
     timer = StepTimes()
     torch.set_num_threads(os.cpu_count() or 1)
