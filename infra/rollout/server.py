@@ -128,7 +128,8 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
             p.reply(o, len(pr), rid, version, req, isp, state.tokenizer)
             for o, (pr, isp), rid in zip(outs, rows, rids, strict=True)
         ]
-        return replies[0] if single and n == 1 else replies
+        # plain JSON types already: skip FastAPI's per-item encoder walk (~1 ms per 100 tokens)
+        return JSONResponse(replies[0] if single and n == 1 else replies)
 
     @app.post("/init_weights_update_group")
     async def init_group(req: p.InitGroupReq):

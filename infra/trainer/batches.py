@@ -24,7 +24,8 @@ class MicroBatch:
     tis_weights: torch.Tensor | None = None  # [B, T-1], truncated importance weights
 
 
-def collate(samples: list[Sample], first_index: int, device: torch.device) -> MicroBatch:
+def collate(samples: list[Sample], index: list[int], device: torch.device) -> MicroBatch:
+    """`index`: each sample's position in the rollout's sample list."""
     # Pad id 0 is arbitrary: right padding under a causal mask never influences real tokens
     # and padded positions are masked out of every loss and metric. Length >= 2 so that a
     # micro-batch of empty responses still yields one (masked) target position.
@@ -47,7 +48,7 @@ def collate(samples: list[Sample], first_index: int, device: torch.device) -> Mi
             engine_mask[i, p - 1 : p + r - 1] = keep
     advantages = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
     tensors = (t.to(device) for t in (ids, mask, advantages, engine, engine_mask))
-    return MicroBatch(*tensors, index=list(range(first_index, first_index + len(samples))))
+    return MicroBatch(*tensors, index=list(index))
 
 
 def logits_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch.distributed.tensor import DTensor
 
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
-from infra.trainer.batches import MicroBatch, all_reduce_sum, collate, logits_of
+from infra.trainer.batches import all_reduce_sum, collate, logits_of
 from infra.trainer.guard import any_rank, is_finite
 from infra.trainer.losses import (
     aggregation_weights,
@@ -17,6 +17,7 @@ from infra.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
+from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
 from infra.trainer.offpolicy import prepare_old_policy
 
 
@@ -33,15 +34,13 @@ def _clip(model: nn.Module, max_norm: float, total: torch.Tensor) -> None:
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
 
 
-def _plan(samples: list[Sample], rank: int, world_size: int, gbs: int, mbs: int, device) -> list:
-    per_rank = gbs // world_size
-    plan: list[list[MicroBatch]] = []
-    # Every rank runs the same number of micro-batches: FSDP's collectives must pair up.
-    for start in range(0, len(samples), gbs):
-        first = start + rank * per_rank
-        mine = samples[first : first + per_rank]
-        plan.append([collate(mine[i : i + mbs], first + i, device) for i in range(0, per_rank, mbs)])
-    return plan
+def _plan(samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device) -> list:
+    if cfg.micro_batch_tokens is None:
+        plan = plan_by_count(len(samples), world_size, gbs, cfg.micro_batch_size)
+    else:
+        lengths = [padded_length(len(s.prompt_ids), len(s.response_ids)) for s in samples]
+        plan = plan_by_tokens(lengths, world_size, gbs, cfg.micro_batch_tokens)
+    return [[collate([samples[i] for i in mb], mb, device) for mb in step[rank]] for step in plan]
 
 
 def train_on_batch(
@@ -72,7 +71,7 @@ def train_on_batch(
             f"itself divisible by world_size={world_size}"
         )
     device = next(model.parameters()).device
-    plan = _plan(samples, rank, world_size, global_batch_size, cfg.micro_batch_size, device)
+    plan = _plan(samples, rank, world_size, global_batch_size, cfg, device)
     metrics = prepare_old_policy(
         model, ref_model, plan, samples, cfg, temperature, world_size, tis=tis, rollout_id=rollout_id
     )

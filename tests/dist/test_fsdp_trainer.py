@@ -159,6 +159,9 @@ VARIANTS = {
     "default": {},
     "seq-sum-norm-tis-epochs": {"loss_agg_mode": "seq-mean-token-sum-norm", "ppo_epochs": 2, "tis": "on"},
     "gspo-k2": {"advantage_estimator": "gspo", "kl_type": "k2", "eps_clip": 0.02, "eps_clip_high": 0.03},
+    # the ranks pack micro-batches by a token budget (rows of 3-14 tokens: 1-2 rows each),
+    # the one process compares with micro_batch_size=4: same loss, gradients and metrics
+    "token-budget-seq-mean": {"micro_batch_tokens": 20, "loss_agg_mode": "seq-mean-token-mean"},
 }
 
 
@@ -179,6 +182,8 @@ def _sgd_run(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     alg = {**ALG, **VARIANTS[variant]}
+    if world_size == 1:
+        alg.pop("micro_batch_tokens", None)  # the reference is the sample-count path
     metrics = train_on_batch(
         model, optimizer, scheduler, _batch(0).samples,
         rank=rank, world_size=world_size, cfg=AlgorithmConfig(micro_batch_size=micro_batch_size, **alg),
@@ -332,7 +337,9 @@ def _server_worker(rank: int, port: int, model_dir: str, out: str, urls: list[st
         result["versions"] = [EngineClient(u).model_info()["weight_version"] for u in urls]
         result["sessions"] = [link.has_session for link in trainer._links]
         result["offsets"] = [link.rank_offset for link in trainer._links]
-        EngineClient(urls[1]).update_weights_from_disk(model_dir)  # engine 2 falls back to the initial weights
+        EngineClient(urls[1]).update_weights_from_disk(
+            model_dir
+        )  # engine 2 falls back to the initial weights
     torch.distributed.barrier()
     try:
         trainer.check_weights_equal()

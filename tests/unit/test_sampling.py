@@ -143,7 +143,42 @@ def test_per_row_draws_follow_the_distribution():
     from infra.rollout.sampling import _draw
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(20000, 1)
-    tokens = _draw(probs, [torch.Generator().manual_seed(i) for i in range(len(probs))])
+    gens = [torch.Generator().manual_seed(i) for i in range(len(probs))]
+    uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens])
+    tokens = _draw(probs, None, uniforms)
     freq = torch.bincount(tokens, minlength=5).double() / len(tokens)
     assert freq[1] == 0 and freq[4] == 0  # zero-probability tokens never come out
     torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)
+
+
+def test_lean_llama_decoder_gives_the_hf_forward_logits(model):
+    """The built-in engine's lean decode step (Llama) against transformers' forward, on
+    left-padded prompts: prefill and every decode step, the same logits."""
+    from infra.rollout import lean_llama
+    from infra.rollout.sampling import _HFDecoder, _left_pad
+
+    assert lean_llama.supports(model)
+    ids, mask, positions = _left_pad(PROMPTS, 0, torch.device("cpu"))
+    lean, hf = lean_llama.LeanLlamaDecoder(model, mask, 6), _HFDecoder(model, mask)
+    step_ids, step_positions = ids, positions
+    with torch.inference_mode():
+        for step in range(6):
+            got, want = lean(step_ids, step_positions), hf(step_ids, step_positions)
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            step_ids = torch.tensor([[5 + step], [40], [7]])  # any tokens: both see the same
+            step_positions = positions[:, -1:] + step + 1
+
+
+def test_models_the_lean_step_does_not_cover_use_the_hf_forward(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from infra.rollout import lean_llama
+
+    path = build_tiny_model(tmp_path, TinyModelConfig())
+    config = AutoModelForCausalLM.from_pretrained(path).config
+    config.attention_bias = True  # a bias the lean step does not add
+    biased = AutoModelForCausalLM.from_config(config).eval()
+    assert not lean_llama.supports(biased)
+    outs = sample_batch(biased, PROMPTS, max_new_tokens=3, eos_token_id=2, ignore_eos=True)
+    assert [len(o.output_ids) for o in outs] == [3, 3, 3]

@@ -1,0 +1,100 @@
+"""Built-in engine tokens/s (its HTTP /generate) against transformers `generate`, side by side.
+
+    python -m bench.engine_throughput [--batch 64 --prompt-len 8 --new-tokens 32 --repeats 3]
+
+Same tiny demo model, same batch of prompts, same lengths (ignore_eos / min_new_tokens, so
+every row makes exactly --new-tokens tokens), same sampling (T=1, no top-k/top-p), one
+torch thread on each side. The engine gets one batched request shaped as the rollout
+manager sends it (a sampling_seed per row, logprobs returned); HF generates in-process with
+`do_sample=True` and no logprobs. Figures are new tokens per second of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import ratio_line, spread
+from infra.cluster.network import free_port
+
+ADDR = "127.0.0.1"
+
+
+def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
+    g = random.Random(0)
+    return [[g.randrange(4, vocab) for _ in range(length)] for _ in range(batch)]
+
+
+def _engine_run(client, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
+    params = {"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "ignore_eos": True}
+    t0 = time.perf_counter()
+    outs = client.generate(prompts, [{**params, "sampling_seed": i} for i in range(len(prompts))])
+    return time.perf_counter() - t0, sum(len(o["output_ids"]) for o in outs)
+
+
+def _hf_run(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple[float, int]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
+        )  # fmt: skip
+    return time.perf_counter() - t0, int((out.shape[1] - width) * out.shape[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from infra.config import TinyModelConfig
+    from infra.model.tiny import build_tiny_model
+    from infra.rollout.client import EngineClient
+    from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", TinyModelConfig())
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model.generation_config = GenerationConfig()  # no defaults from the checkpoint
+        pad_id = model.config.eos_token_id or 0
+        prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size)
+        port = free_port()
+        proc = launch_engine("torch", str(model_dir), ADDR, port, seed=0, threads=1)
+        try:
+            wait_until_healthy(f"http://{ADDR}:{port}", proc, 120)
+            client = EngineClient(f"http://{ADDR}:{port}")
+            _engine_run(client, prompts[:2], 2)  # warm-up, both sides
+            _hf_run(model, prompts[:2], 2, pad_id)
+            engine, hf = [], []
+            for _ in range(args.repeats):  # alternate, so drift on a shared machine hits both
+                seconds, tokens = _engine_run(client, prompts, args.new_tokens)
+                engine.append(tokens / seconds)
+                seconds, tokens = _hf_run(model, prompts, args.new_tokens, pad_id)
+                hf.append(tokens / seconds)
+        finally:
+            stop_engine(proc)
+    print(
+        f"tiny demo model; batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens "
+        "each, T=1, 1 thread per side"
+    )
+    print(f"built-in engine (HTTP /generate) tokens/s: {spread(engine, '{:.0f}')}")
+    print(f"transformers generate       tokens/s: {spread(hf, '{:.0f}')}")
+    ratios = [e / h for e, h in zip(engine, hf, strict=True)]
+    print(ratio_line("built-in engine / transformers generate, tokens/s", ratios, ">= 1.5x"))
+
+
+if __name__ == "__main__":
+    main()

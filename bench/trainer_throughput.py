@@ -1,0 +1,137 @@
+"""Trainer tokens/s: 2 FSDP2 ranks against 1 process, and micro-batches by token budget
+against micro-batches by sample count, on the same batch, side by side in one run.
+
+    python -m bench.trainer_throughput [--samples 256 --micro-batch 16 --repeats 3]
+
+The batch: tiny demo model, prompts of 4-8 tokens, response lengths that vary as RL
+rollouts do (80% of 2-12 tokens, 20% of 40-56). One train_on_batch call (old-logprob
+pass, one optimizer step over the whole batch, AdamW) is timed per repeat, after one
+warm-up call; tokens/s counts real prompt + response tokens (no padding). Every process
+runs one torch thread, as trainer ranks do. The token budget is micro_batch_size x the
+longest row, so a token-budget micro-batch is never larger than the sample-count path's
+largest one (same peak memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from bench.common import ratio_line, spread
+from infra.cluster.network import free_port
+
+ADDR = "127.0.0.1"
+
+
+def batch(n: int, seed: int = 0) -> list:
+    from infra.rollout.batch import Sample
+
+    g = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = g.randint(2, 12) if g.random() < 0.8 else g.randint(40, 56)
+        response = [g.randrange(4, 30) for _ in range(length)]
+        out.append(
+            Sample(
+                prompt="", label="", response="", prompt_ids=[g.randrange(4, 30) for _ in range(g.randint(4, 8))],
+                response_ids=response, engine_logprobs=[-3.0] * length, weight_version=0, group=i // 8,
+                reward=float(i % 2), advantage=g.uniform(-1, 1),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, repeats: int, out: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from infra.config import AlgorithmConfig
+    from infra.trainer.parallelize import init_distributed, parallelize
+    from infra.trainer.step import train_on_batch
+
+    torch.set_num_threads(1)
+    if world_size > 1:
+        init_distributed(rank, world_size, ADDR, port)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = parallelize(model, world_size) if world_size > 1 else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    samples = batch(alg.pop("samples"))
+    cfg = AlgorithmConfig(**alg)
+    times = []
+    for _ in range(repeats + 1):  # the first call warms up
+        t0 = time.perf_counter()
+        train_on_batch(
+            model, optimizer, scheduler, samples, rank=rank, world_size=world_size, cfg=cfg,
+            global_batch_size=len(samples), temperature=1.0, max_response_len=56,
+        )  # fmt: skip
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times[1:]))
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+
+
+def measure(model_dir: str, world_size: int, alg: dict, repeats: int, tmp: str) -> list[float]:
+    out = str(Path(tmp) / "times.json")
+    args = (world_size, free_port(), model_dir, alg, repeats, out)
+    mp.start_processes(_worker, args=args, nprocs=world_size, start_method="spawn", join=True)
+    return json.loads(Path(out).read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    from infra.config import TinyModelConfig
+    from infra.model.tiny import build_tiny_model
+
+    samples = batch(args.samples)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    by_count = {"samples": args.samples, "micro_batch_size": args.micro_batch}
+    budget = args.micro_batch * longest
+    by_tokens = {**by_count, "micro_batch_tokens": budget}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(build_tiny_model(Path(tmp) / "model", TinyModelConfig()))
+        runs = {
+            "1 process, by count": measure(model_dir, 1, dict(by_count), args.repeats, tmp),
+            "2 ranks, by count": measure(model_dir, 2, dict(by_count), args.repeats, tmp),
+            "2 ranks, by tokens": measure(model_dir, 2, dict(by_tokens), args.repeats, tmp),
+        }
+    print(
+        f"tiny demo model; {args.samples} samples, {tokens} tokens (longest row {longest}); "
+        f"micro_batch_size {args.micro_batch}, micro_batch_tokens {budget}; 1 thread per process"
+    )
+    rates = {name: [tokens / t for t in times] for name, times in runs.items()}
+    for name, values in rates.items():
+        print(f"{name:22s} tokens/s: {spread(values, '{:.0f}')}")
+    one, two, packed = rates.values()
+    print(
+        ratio_line(
+            "trainer 2 FSDP2 ranks / 1 process, tokens/s",
+            [b / a for a, b in zip(one, two, strict=True)],
+            "> 1x",
+        )
+    )
+    print(
+        ratio_line(
+            "trainer token-budget / sample-count micro-batches (2 ranks), tokens/s",
+            [b / a for a, b in zip(two, packed, strict=True)],
+            "> 1x when lengths vary",
+        )
+    )
+    print(f"median step time: {', '.join(f'{n} {statistics.median(t):.2f} s' for n, t in runs.items())}")
+
+
+if __name__ == "__main__":
+    main()
