@@ -41,7 +41,9 @@ class ModelConfig(_Section):
 
 
 class RoleResources(_Section):
-    num_workers: int = Field(1, ge=1, description="Processes in this role (trainer or critic ranks, or engines).")
+    num_workers: int = Field(
+        1, ge=1, description="Processes in this role (trainer or critic ranks, or engines)."
+    )
     cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs reserved per process.")
     gpus_per_worker: float = Field(
         0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines)."

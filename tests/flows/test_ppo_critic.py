@@ -17,7 +17,9 @@ pytestmark = pytest.mark.flow
 
 async def _task_runs(flow_run_id) -> dict:
     async with get_client() as client:
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
     return {r.name: r for r in runs}
 
 
@@ -52,7 +54,8 @@ def test_ppo_learns_trains_the_critic_beside_the_actor_and_resumes_it(prefect_ap
     assert [r["rollout_id"] for r in rows] == list(range(10))
     rewards = [r["reward_mean"] for r in rows]
     critic = [
-        (round(r["value_loss"], 4), round(r["value_explained_var"], 3), round(r["value_mean"], 3)) for r in rows
+        (round(r["value_loss"], 4), round(r["value_explained_var"], 3), round(r["value_mean"], 3))
+        for r in rows
     ]
     print("ppo reward", [round(x, 3) for x in rewards])
     print("critic (value loss, explained var, value mean)", critic)

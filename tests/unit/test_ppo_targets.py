@@ -91,7 +91,11 @@ def _critic(model_dir):
 def _cfg(**algorithm) -> RunConfig:
     return RunConfig.model_validate(
         {
-            "rollout": {"prompts_per_rollout": 2, "n_samples_per_prompt": 2, "sampling": {"max_new_tokens": 4}},
+            "rollout": {
+                "prompts_per_rollout": 2,
+                "n_samples_per_prompt": 2,
+                "sampling": {"max_new_tokens": 4},
+            },
             "algorithm": {"advantage_estimator": "ppo", "micro_batch_size": 2, **algorithm},
             "critic": {"enabled": True},
         }
@@ -167,10 +171,9 @@ def test_actor_trains_on_per_token_advantages_and_publishes_its_kl(model_dir):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     mb = collate(samples, 0, torch.device("cpu"))
     with torch.no_grad():
-        kl = (
-            token_logprobs(actor(input_ids=mb.input_ids).logits[:, :-1], mb.input_ids[:, 1:], 1.0)
-            - token_logprobs(ref(input_ids=mb.input_ids).logits[:, :-1], mb.input_ids[:, 1:], 1.0)
-        )
+        kl = token_logprobs(
+            actor(input_ids=mb.input_ids).logits[:, :-1], mb.input_ids[:, 1:], 1.0
+        ) - token_logprobs(ref(input_ids=mb.input_ids).logits[:, :-1], mb.input_ids[:, 1:], 1.0)
     m = train_on_batch(
         actor, optimizer, scheduler, samples, rank=0, world_size=1, cfg=cfg, global_batch_size=4,
         temperature=1.0, ref_model=ref, values=values, publish_kl=got.append,
