@@ -367,7 +367,7 @@ class CriticConfig(_Section):
         description="HF model directory (local or s3://) the critic starts from; its score head is always "
         "initialised fresh. Empty: the policy's model (model.path).",
     )
-    lr: float = Field(1e-2, gt=0, description="AdamW learning rate of the critic.")
+    lr: float = Field(5e-3, gt=0, description="AdamW learning rate of the critic.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the critic.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up of the critic, in optimizer steps.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm of the critic.")
