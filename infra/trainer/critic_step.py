@@ -25,15 +25,15 @@ def values_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
 
 
 def _plan(model: nn.Module, samples: list[Sample], cfg: RunConfig, rank: int, world_size: int) -> list:
-    if not samples or len(samples) % cfg.global_batch_size or cfg.global_batch_size % world_size:
+    # as the actor: default, the whole rollout as it arrived, even if the manager dropped samples
+    gbs = cfg.algorithm.global_batch_size or len(samples)
+    if not samples or len(samples) % gbs or gbs % world_size:
         raise ValueError(
-            f"{len(samples)} samples must split into steps of global_batch_size={cfg.global_batch_size}, "
+            f"{len(samples)} samples must split into steps of global_batch_size={gbs}, "
             f"itself divisible by the critic's world_size={world_size}"
         )
     device = next(model.parameters()).device
-    return plan_steps(
-        samples, rank, world_size, cfg.global_batch_size, cfg.algorithm.micro_batch_size, device
-    )
+    return plan_steps(samples, rank, world_size, gbs, cfg.algorithm.micro_batch_size, device)
 
 
 def compute_values(
