@@ -189,3 +189,11 @@ def test_actor_trains_on_per_token_advantages_and_publishes_its_kl(model_dir):
             actor, optimizer, scheduler, samples, rank=0, world_size=1, cfg=cfg, global_batch_size=4,
             temperature=1.0, ref_model=ref,
         )  # fmt: skip
+
+
+def test_the_manager_leaves_ppo_samples_without_a_scalar_advantage():
+    from infra.rollout.scoring import assign_advantages
+
+    samples = [_sample([1], [2], 1.0), _sample([1], [2], 0.0)]
+    assign_advantages(samples, _cfg().algorithm)  # per-token GAE comes later, on the trainer
+    assert [s.advantage for s in samples] == [0.0, 0.0]
