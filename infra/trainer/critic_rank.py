@@ -21,6 +21,17 @@ from infra.trainer.parallelize import parallelize
 from infra.trainer.ppo_targets import as_lists, from_lists, ppo_targets
 
 
+def load_value_model(path: str) -> torch.nn.Module:
+    """The value model of an HF directory, fp32. Its head's dropout is off (transformers
+    defaults it to 0.1), as verl does: a value is then a function of the tokens, the same in
+    the forward that computes the values and in the one that trains on them."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+
+
 class CriticRank(FSDPRank):
     def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
         super().__init__(cfg, rank, world_size)
@@ -37,9 +48,7 @@ class CriticRank(FSDPRank):
         self._optimize(c.lr, self.cfg.algorithm.betas, c.weight_decay, c.warmup_steps, "constant", 1.0)
 
     def _load(self, path: str) -> torch.nn.Module:
-        from transformers import AutoModelForTokenClassification
-
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+        model = load_value_model(path)
         model.train()
         return parallelize(model, self.world_size)
 

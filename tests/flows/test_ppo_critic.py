@@ -36,14 +36,14 @@ def _run(cfg: RunConfig) -> dict:
 def _value_mean(store: RunStore, cfg: RunConfig, rollout_id: int, critic_ckpt: str | None) -> float:
     """The mean value a critic gives rollout `rollout_id`: fresh, or loaded from a checkpoint."""
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoModelForTokenClassification
 
+    from infra.trainer.critic_rank import load_value_model
     from infra.trainer.critic_step import compute_values
     from infra.trainer.ppo_targets import response_mask
 
     torch.manual_seed(cfg.algorithm.seed)  # the fresh head the critic ranks draw
     model_dir = store.uri("base_model")
-    critic = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    critic = load_value_model(model_dir)
     if critic_ckpt is not None:
         state = {"model": critic.state_dict()}
         dcp.load(state, checkpoint_id=critic_ckpt)  # resharded from the 2 ranks' shards

@@ -82,10 +82,10 @@ def model_dir(tmp_path_factory):
 
 
 def _critic(model_dir):
-    from transformers import AutoModelForTokenClassification
+    from infra.trainer.critic_rank import load_value_model
 
     torch.manual_seed(0)
-    return AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    return load_value_model(str(model_dir)).train()  # train mode as on the ranks: no dropout left
 
 
 def _cfg(**algorithm) -> RunConfig:
@@ -114,6 +114,8 @@ def _samples(seed=0):
 def test_value_of_a_token_is_read_where_the_actor_reads_its_logprob(model_dir):
     critic, samples = _critic(model_dir), _samples()
     values = compute_values(critic, samples, _cfg(), rank=0, world_size=1)
+    # train mode, as on the ranks: the head's dropout is off, so a value is a function of the tokens
+    assert torch.equal(values, compute_values(critic, samples, _cfg(), rank=0, world_size=1))
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         alone = critic(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, :, 0]
