@@ -32,6 +32,7 @@ from tasks.generate import generate
 from tasks.save import save
 from tasks.sync import sync
 from tasks.train import train as train_step
+from tasks.train_critic import train_critic
 
 # What a Ray worker imports to run a task run; loaded while the engines start, not during
 # the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
@@ -40,6 +41,7 @@ WORKER_IMPORTS = [
     "prefect.client.orchestration",
     "prefect_ray.task_runners",
     "tasks.train",
+    "tasks.train_critic",
 ]
 
 
@@ -54,7 +56,9 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         log.info(checked.finished)
         return {"final": {}, "finished": checked.finished}
     # task results go to the run's own storage (a block the code creates, not a person)
-    generate_, train_, save_, sync_, eval_ = persisted(config, generate, train_step, save, sync, evaluate)
+    generate_, train_, critic_, save_, sync_, eval_ = persisted(
+        config, generate, train_step, train_critic, save, sync, evaluate
+    )
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
     with system as run, remote_options(num_cpus=0):
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
@@ -87,7 +91,12 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
 
             # colocated (sync mode only, nothing in flight): engines give the trainer the devices
             released = run.release_engines() if config.cluster.colocate else {}
-            row = {**rollout, **released, **train_.submit(run, k).result()}
+            # ppo: the critic trains beside the actor; the actor sits out critic-only iterations
+            critic = critic_.submit(run, k) if config.critic.enabled else None
+            actor = train_.submit(run, k) if schedule.actor_trains(k) else None
+            row = {**rollout, **released, "time_train_s": 0.0}
+            for trained in (critic, actor):
+                row.update(trained.result() if trained is not None else {})
             if config.cluster.colocate:
                 row.update(run.resume_engines())
             if schedule.sync_after(k):

@@ -41,7 +41,9 @@ class ModelConfig(_Section):
 
 
 class RoleResources(_Section):
-    num_workers: int = Field(1, ge=1, description="Processes in this role (trainer ranks or engines).")
+    num_workers: int = Field(
+        1, ge=1, description="Processes in this role (trainer or critic ranks, or engines)."
+    )
     cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs reserved per process.")
     gpus_per_worker: float = Field(
         0.0, ge=0, description="Ray GPUs reserved per process (0 on CPU machines)."
@@ -68,6 +70,11 @@ class ClusterConfig(_Section):
         default_factory=lambda: RoleResources(num_workers=2),
         description="Actor trainer ranks (one FSDP2 rank per worker).",
     )
+    critic: RoleResources = Field(
+        default_factory=lambda: RoleResources(num_workers=2),
+        description="Critic ranks (one FSDP2 rank per worker, their own process group); placed only "
+        "when critic.enabled.",
+    )
     engines: RoleResources = Field(default_factory=RoleResources, description="Rollout engine servers.")
     colocate: bool = Field(
         False,
@@ -87,7 +94,7 @@ class ClusterConfig(_Section):
         "this long instead of hanging (the flow itself notices a dead rank at once).",
     )
 
-    @field_validator("trainer", mode="before")
+    @field_validator("trainer", "critic", mode="before")
     @classmethod
     def _two_ranks_by_default(cls, value: object) -> object:
         # the default of 2 ranks holds when only other trainer fields are set, e.g.
@@ -283,9 +290,13 @@ class AlgorithmConfig(_Section):
         description="`grpo`: group-centred rewards (/ group std if normalize_advantage_std). `dr_grpo`: "
         "group-centred, no std, length-normalised loss. `rloo`: leave-one-out baseline. "
         "`reinforce_plus_plus`: rewards whitened over the batch's tokens; `_baseline`: group-centred "
-        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo` (GAE with a critic) is "
-        "not implemented yet and is refused.",
+        "first. `gspo`: GRPO advantages with a sequence-level ratio. `ppo`: per-token GAE "
+        "advantages (gamma, lam) from a value critic (needs critic.enabled).",
     )
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="ppo: discount of GAE (the reward sits on the last response token)."
+    )
+    lam: float = Field(1.0, ge=0, le=1, description="ppo: lambda of GAE (1: returns minus values).")
     normalize_advantage_std: bool = Field(
         True, description="grpo/gspo: divide group-centred rewards by the group std (+1e-6)."
     )
@@ -354,17 +365,28 @@ class AlgorithmConfig(_Section):
 
 
 class CriticConfig(_Section):
-    enabled: bool = Field(
-        False, description="Train a value critic (PPO). Not available yet: GRPO needs none."
-    )
+    """The value model of PPO: a scalar head on the policy's transformer, trained by its own ranks."""
 
-    @model_validator(mode="after")
-    def _not_yet(self) -> CriticConfig:
-        if self.enabled:
-            raise ValueError(
-                "critic.enabled: the PPO critic is not implemented yet; use GRPO (enabled=false)"
-            )
-        return self
+    enabled: bool = Field(
+        False,
+        description="Train a value critic (needed by algorithm.advantage_estimator=ppo, used by no other "
+        "estimator).",
+    )
+    model_path: str | None = Field(
+        None,
+        description="HF model directory (local or s3://) the critic starts from; its score head is always "
+        "initialised fresh. Empty: the policy's model (model.path).",
+    )
+    lr: float = Field(5e-3, gt=0, description="AdamW learning rate of the critic.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the critic.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up of the critic, in optimizer steps.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm of the critic.")
+    cliprange_value: float = Field(
+        0.5,
+        gt=0,
+        description="Value clip: the new value may move at most this far from the rollout-time value "
+        "before the loss takes the clipped error (verl's cliprange_value).",
+    )
 
 
 class WeightSyncConfig(_Section):
@@ -580,6 +602,16 @@ class RunConfig(_Section):
         est = self.algorithm.advantage_estimator
         if est == "ppo" and not self.critic.enabled:
             raise ValueError("algorithm.advantage_estimator=ppo needs a value critic: set critic.enabled")
+        if self.critic.enabled and est != "ppo":
+            raise ValueError(
+                f"critic.enabled with algorithm.advantage_estimator={est}: only ppo uses the critic's "
+                "values; set advantage_estimator=ppo or critic.enabled=false"
+            )
+        if self.critic.enabled and self.global_batch_size % self.cluster.critic.num_workers:
+            raise ValueError(
+                f"algorithm.global_batch_size={self.global_batch_size} must be divisible by "
+                f"cluster.critic.num_workers={self.cluster.critic.num_workers}"
+            )
         grouped = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
         if est in grouped and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(
@@ -624,6 +656,11 @@ class RunConfig(_Section):
             raise ValueError(
                 f"cluster.colocate: rollout.tp_size={self.rollout.tp_size} is not supported colocated; "
                 "a colocated engine shares one trainer bundle (one GPU), so use rollout.tp_size=1"
+            )
+        if self.critic.enabled:
+            raise ValueError(
+                "cluster.colocate with critic.enabled: colocation shares the trainer's devices with the "
+                "engines only; the critic's ranks need their own (set cluster.colocate=false)"
             )
         if trainer.gpus_per_worker and self.weight_sync.method == "broadcast":
             raise ValueError(

@@ -29,6 +29,7 @@ class RunHandles:
     model_uri: str
     transport: WeightTransport
     trackers: Trackers | None = field(default=None, repr=False)
+    critics: list[ray.actor.ActorHandle] = field(default_factory=list)  # ppo's value critic ranks
     # Names the checkpoints this flow run commits: a retried save may return one of its
     # own, never one that an earlier run left under the same iteration number.
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -46,11 +47,38 @@ class RunHandles:
     def train(self, rollout_id: int) -> dict:
         # The batch goes manager -> object store -> every rank; the ref never leaves Ray.
         batch_ref = self.manager.get_batch.remote(rollout_id)
+        values, mailbox = None, None
+        if self.critics:  # ppo: the critic's values arrive through the manager, as Ray resolves the ref
+            values = self.manager.wait_post.remote(rollout_id, "values")
+            mailbox = self.manager if self.cfg.algorithm.kl_in_reward else None
         results = get_ranks(
-            [t.train.remote(rollout_id, batch_ref) for t in self.trainers], f"train {rollout_id}"
+            [t.train.remote(rollout_id, batch_ref, values, mailbox) for t in self.trainers],
+            f"train {rollout_id}",
         )
-        self.manager.release.remote(rollout_id)
+        self.manager.release.remote(rollout_id, "actor")
         return results[0]
+
+    def train_critic(self, rollout_id: int) -> dict:
+        """ppo: the critic's values of batch k (posted for the actor), then its value-loss steps.
+
+        Runs beside `train`: the actor waits only for the values; the critic waits for the
+        actor's per-token KL only when the KL is in the reward and the actor trains this
+        iteration (in critic-only iterations the actor is still the reference: KL 0).
+        """
+        t0 = time.monotonic()
+        batch_ref = self.manager.get_batch.remote(rollout_id)
+        refs = [c.compute_values.remote(rollout_id, batch_ref) for c in self.critics]
+        posted = self.manager.post.remote(rollout_id, "values", refs[0])  # critic rank 0 -> manager
+        get_ranks(refs, f"critic values {rollout_id}")
+        kl = None
+        if self.cfg.algorithm.kl_in_reward and rollout_id >= self.cfg.num_critic_only_steps:
+            kl = self.manager.wait_post.remote(rollout_id, "kl")
+        results = get_ranks(
+            [c.train.remote(rollout_id, batch_ref, kl) for c in self.critics], f"critic {rollout_id}"
+        )
+        ray.get(posted)
+        self.manager.release.remote(rollout_id, "critic")
+        return {**results[0], "time_train_critic_s": time.monotonic() - t0}
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
@@ -97,6 +125,7 @@ class RunHandles:
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
         get_ranks([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers], "save")
+        self._save_critic(path, opts)  # before the commit marker, like the actor's shards
         nxt = rollout_id + 1
         meta = {
             "rollout_id": rollout_id,
@@ -129,10 +158,22 @@ class RunHandles:
             uri, meta = point
             opts = storage_options(self.cfg.storage)
             get_ranks([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers], "load")
+            self._restore_critic(uri, opts)
             nxt = meta["next_rollout_id"]
             ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
         truncate_metrics(self.store, nxt)  # rows of iterations that will be redone
         return nxt
+
+    def _save_critic(self, ckpt_uri: str, opts: dict) -> None:
+        """The critic's DCP state (model, optimizer, scheduler) in `critic/` beside `model/`."""
+        if self.critics:
+            uri = f"{ckpt_uri.rstrip('/')}/critic"
+            get_ranks([c.save_checkpoint.remote(uri, opts) for c in self.critics], "critic save")
+
+    def _restore_critic(self, ckpt_uri: str, opts: dict) -> None:
+        if self.critics:
+            uri = f"{ckpt_uri.rstrip('/')}/critic"
+            get_ranks([c.load_checkpoint.remote(uri, opts) for c in self.critics], "critic load")
 
     def record(self, row: dict) -> None:
         append_metrics(self.store, row)

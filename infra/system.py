@@ -28,11 +28,13 @@ from infra.rollout.engine_actor import EngineActor
 from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
 from infra.tracking import Trackers
+from infra.trainer.critic_rank import CriticRank
 from infra.trainer.rank import TrainerRank
 from infra.weights.transport import WeightTransport, make_transport
 
 log = logging.getLogger(__name__)
-# Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval).
+# Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval); one more
+# with a critic (train-critic(k) beside train(k)).
 CONTROL_WORKERS = 2
 
 
@@ -54,6 +56,7 @@ class RLSystem:
         self.actors: list = []
         self.engines: list = []
         self.trainers: list = []
+        self.critics: list = []
         self.transport: WeightTransport | None = None
         self.trackers: Trackers | None = None
 
@@ -69,7 +72,7 @@ class RLSystem:
 
     def start(self) -> RunHandles:
         cfg = self.cfg
-        layout = plan_placement(cfg.cluster)
+        layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
         self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
         local = not cfg.cluster.ray_address
         store = RunStore(cfg.storage, cfg.run_name)
@@ -89,6 +92,12 @@ class RLSystem:
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
         self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
+        if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
+            n = cfg.cluster.critic.num_workers
+            self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
+            addr, port = ray.get(self.critics[0].master_address.remote())
+            ray.get([c.setup.remote(model_uri, opts, addr, port) for c in self.critics])
+            self.pids["critic_ranks"] = ray.get([c.pid.remote() for c in self.critics])
 
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()
@@ -101,7 +110,7 @@ class RLSystem:
         )
         self.actors.append(manager)
         # after the actors: Ray would otherwise hand the warmed workers to them
-        ray.get(warm_workers(CONTROL_WORKERS, self.warm_imports))
+        ray.get(warm_workers(CONTROL_WORKERS + int(cfg.critic.enabled), self.warm_imports))
         self.trackers = Trackers(cfg, store)
         return RunHandles(
             cfg=cfg,
@@ -112,6 +121,7 @@ class RLSystem:
             run_uri=store.run_uri,
             model_uri=model_uri,
             transport=self.transport,
+            critics=list(self.critics),
         )
 
     def _order_bundles(self, layout: PlacementLayout) -> None:
@@ -154,17 +164,17 @@ class RLSystem:
                 ray.get(engine.stop.remote(), timeout=30)
             except Exception as e:  # noqa: BLE001 - the actor may already be dead
                 log.warning("engine stop failed: %s", e)
-        for trainer in self.trainers:
+        for trainer in [*self.trainers, *self.critics]:
             try:  # a rank stuck in a collective with a dead peer never answers: a short wait
                 ray.get(trainer.shutdown.remote(), timeout=10)
             except Exception as e:  # noqa: BLE001
                 log.warning("trainer shutdown failed: %s", e)
-        for actor in [*self.actors, *self.trainers, *self.engines]:
+        for actor in [*self.actors, *self.trainers, *self.critics, *self.engines]:
             try:
                 ray.kill(actor)
             except Exception as e:  # noqa: BLE001
                 log.warning("kill failed: %s", e)
-        self.actors, self.trainers, self.engines = [], [], []
+        self.actors, self.trainers, self.critics, self.engines = [], [], [], []
         if self.groups:
             try:
                 remove_groups(self.groups)

@@ -51,7 +51,7 @@ class Slot:
 @dataclass(frozen=True)
 class PlacementLayout:
     roles: dict[str, RoleLayout]  # placement groups by name
-    slots: dict[str, list[Slot]]  # processes by role ("trainer", "engines")
+    slots: dict[str, list[Slot]]  # processes by role ("trainer", "engines", "critic")
 
     @property
     def cpus(self) -> float:
@@ -120,20 +120,25 @@ def _colocated(cfg: ClusterConfig) -> PlacementLayout:
     return PlacementLayout({"trainer": role}, {"trainer": trainer_slots, "engines": engine_slots})
 
 
-def plan_placement(cfg: ClusterConfig) -> PlacementLayout:
-    """One placement group per role and one bundle per process; colocated, one shared group."""
-    for name, res in (("trainer", cfg.trainer), ("engines", cfg.engines)):
+def plan_placement(cfg: ClusterConfig, critic: bool = False) -> PlacementLayout:
+    """One placement group per role and one bundle per process; colocated, one shared group.
+
+    With `critic`, the critic's ranks are a role of their own (never colocated).
+    """
+    own = [("trainer", cfg.trainer), ("engines", cfg.engines)] + ([("critic", cfg.critic)] if critic else [])
+    for name, res in own:
         # Ray rejects all-zero bundles; a role must reserve something per process.
         if not res.cpus_per_worker and not res.gpus_per_worker and not any(res.resources.values()):
             raise ValueError(f"cluster.{name}: each worker needs cpus_per_worker or gpus_per_worker > 0")
     if cfg.colocate:
+        if critic:
+            raise ValueError("cluster.colocate: the critic's ranks cannot share the trainer's bundles")
         return _colocated(cfg)
     roles = {
         name: RoleLayout(name, [_bundle(res) for _ in range(res.num_workers)], cfg.placement_strategy)
-        for name, res in (("trainer", cfg.trainer), ("engines", cfg.engines))
+        for name, res in own
     }
-    slots = {"trainer": _whole("trainer", cfg.trainer), "engines": _whole("engines", cfg.engines)}
-    return PlacementLayout(roles, slots)
+    return PlacementLayout(roles, {name: _whole(name, res) for name, res in own})
 
 
 def bundle_order(locations: list[tuple[str, list[int]]]) -> list[int]:

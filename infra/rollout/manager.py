@@ -22,6 +22,7 @@ from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
 from infra.rollout.engine_fleet import EngineFleet
 from infra.rollout.eval_sets import EvalSet
+from infra.rollout.handoff import Handoff
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
@@ -77,6 +78,7 @@ class RolloutManager:
         self._batches: dict[int, RolloutBatch] = {}
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
+        self.handoff = Handoff(self._consumers)
 
     def _stop_token_ids(self, stops: list[str]) -> list[int]:
         ids = []
@@ -310,9 +312,22 @@ class RolloutManager:
                 raise KeyError(f"rollout {rollout_id} was not generated (have {sorted(self._batches)})")
             return self._batches[rollout_id]
 
-    def release(self, rollout_id: int) -> None:
-        with self._lock:
-            self._batches.pop(rollout_id, None)
+    def _consumers(self, rollout_id: int) -> set[str]:
+        """Who trains on this rollout: the actor (except critic-only iterations), the critic."""
+        actor = {"actor"} if rollout_id >= self.cfg.num_critic_only_steps else set()
+        return actor | ({"critic"} if self.cfg.critic.enabled else set())
+
+    def release(self, rollout_id: int, consumer: str = "actor") -> None:
+        if self.handoff.done(rollout_id, consumer):
+            with self._lock:
+                self._batches.pop(rollout_id, None)
+
+    # -- what the actor and the critic hand each other (ppo) ----------------------------
+    def post(self, rollout_id: int, key: str, value: object) -> None:
+        self.handoff.post(rollout_id, key, value)
+
+    def wait_post(self, rollout_id: int, key: str) -> object:
+        return self.handoff.wait(rollout_id, key, self.cfg.cluster.collective_timeout_s)
 
     # -- engines --------------------------------------------------------------------------
     def engine_urls(self) -> list[str]:

@@ -39,7 +39,13 @@ def score_samples(
 
 
 def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None:
-    """The estimator's advantage on every sample (samples without a prompt have no loss tokens)."""
+    """The estimator's advantage on every sample (samples without a prompt have no loss tokens).
+
+    ppo has none per sample: its advantages are per token, from the critic's values, computed
+    on the trainer (infra/trainer/ppo_targets.py); the samples keep 0.
+    """
+    if algorithm.advantage_estimator == "ppo":
+        return
     advantages = compute_advantages(
         algorithm.advantage_estimator,
         [s.reward for s in samples],

@@ -1,7 +1,8 @@
 """Checkpoint folders with a commit protocol, on any fsspec storage.
 
 `<run>/checkpoints/iter_<rollout_id:07d>/` holds `model/` (torch.distributed.checkpoint
-shards of model, optimizer, scheduler and RNG states), `meta.json`, and `COMMITTED`,
+shards of model, optimizer, scheduler and RNG states; with a PPO critic also `critic/`,
+the same for the critic), `meta.json`, and `COMMITTED`,
 written last. `latest` is rewritten only after the marker, so a reader never follows it
 to a partial checkpoint; folders without a marker are never loaded and are removed by the
 next save.

@@ -1,7 +1,6 @@
 """The critic's numerics: GAE advantages and returns, and the clipped value loss.
 
-Pure tensor functions, tested on their own. Not wired into a run yet: the critic's
-trainer group, its task and its checkpoint are still to come (`critic.enabled` refuses).
+Pure tensor functions, tested on their own; `ppo_targets` and `critic_step` use them.
 """
 
 from __future__ import annotations
@@ -52,15 +51,19 @@ def clipped_value_loss(
     mask: torch.Tensor,
     clip: float,
     mode: str = "token-mean",
+    counts: tuple[float, float, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """0.5 x aggregate of max((V - R)^2, (clip(V, V_old +- clip) - R)^2), and the clipped fraction.
 
-    One batch (counts from `mask`); the fraction counts tokens where the clipped error is larger.
+    The aggregate's counts come from `mask` (one batch), or from `counts` = (tokens,
+    sequences, max length) of a whole optimizer step when the batch is one micro-batch of it.
+    The fraction counts tokens where the clipped error is larger.
     """
     clipped = old_values + torch.clamp(vpreds - old_values, -clip, clip)
     plain_err, clip_err = (vpreds - returns) ** 2, (clipped - returns) ** 2
-    seqs = float((mask.sum(-1) > 0).sum())
-    w = aggregation_weights(mask, mode, float(mask.sum()), seqs, mask.shape[-1])
+    if counts is None:
+        counts = (float(mask.sum()), float((mask.sum(-1) > 0).sum()), mask.shape[-1])
+    w = aggregation_weights(mask, mode, *counts)
     loss = 0.5 * (torch.maximum(plain_err, clip_err) * w).sum()
     frac = ((clip_err > plain_err).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
     return loss, frac.detach()

@@ -11,6 +11,8 @@ not staleness.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -19,6 +21,17 @@ from infra.rollout.batch import Sample
 from infra.trainer.advantages import compute_advantages
 from infra.trainer.batches import MicroBatch, all_reduce_max, all_reduce_sum, logits_of
 from infra.trainer.losses import LOG_RATIO_CLAMP, kl_penalty, tis_weights, token_logprobs
+from infra.trainer.ppo_targets import (
+    as_lists,
+    from_lists,
+    ppo_targets,
+    response_width,
+    to_positions,
+    to_response,
+)
+
+# Rank 0 of the actor hands the critic its per-token KL (response coordinates, plain lists).
+PublishKL = Callable[[list[list[float]]], None]
 
 
 def _staleness(samples: list[Sample], rollout_id: int | None) -> dict:
@@ -52,6 +65,34 @@ def _kl_in_reward(
     return {"kl_reward_penalty": cfg.kl_coef * sum(seq_kl) / len(seq_kl)}
 
 
+def _ppo_advantages(
+    plan: list[list[MicroBatch]],
+    samples: list[Sample],
+    cfg: AlgorithmConfig,
+    world_size: int,
+    values: list[list[float]],
+    publish_kl: PublishKL | None,
+) -> dict:
+    """Per-token GAE advantages from the critic's values (and, kl_in_reward, the KL per token)."""
+    device = plan[0][0].mask.device
+    kl = None
+    if cfg.kl_in_reward:
+        kl = torch.zeros(len(samples), response_width(samples), device=device)
+        for mb in (mb for step in plan for mb in step):  # each rank fills the rows it holds
+            to_response(kl_penalty(mb.old_logprobs, mb.ref_logprobs, cfg.kl_type) * mb.mask, mb, samples, kl)
+        kl = all_reduce_sum(kl, world_size)
+        if publish_kl is not None:
+            publish_kl(as_lists(kl, samples))
+    advantages, _ = ppo_targets(
+        samples, from_lists(values, samples, device), cfg.gamma, cfg.lam, kl, cfg.kl_coef
+    )
+    for mb in (mb for step in plan for mb in step):
+        mb.advantages = to_positions(advantages, mb, samples)
+    if kl is None:
+        return {}
+    return {"kl_reward_penalty": cfg.kl_coef * float(kl.sum()) / len(samples)}
+
+
 def prepare_old_policy(
     model: nn.Module,
     ref_model: nn.Module | None,
@@ -63,8 +104,15 @@ def prepare_old_policy(
     *,
     tis: bool,
     rollout_id: int | None,
+    values: list[list[float]] | None = None,
+    publish_kl: PublishKL | None = None,
 ) -> dict:
-    """Fill old (and reference) logprobs and TIS weights on every micro-batch; return metrics."""
+    """Fill old (and reference) logprobs and TIS weights on every micro-batch; return metrics.
+
+    ppo: `values` are the critic's values of the rollout (response coordinates); the
+    micro-batches get per-token GAE advantages, and `publish_kl` (rank 0) receives the
+    per-token KL the critic's returns need when the KL is in the reward.
+    """
     device = plan[0][0].mask.device
     # fresh |diff| sum, fresh tokens, stale |diff| sum, stale tokens, tis w sum, tis tokens, tis capped
     sums = torch.zeros(7, device=device)
@@ -112,8 +160,12 @@ def prepare_old_policy(
             tis_weight_max=float(all_reduce_max(tis_max, world_size)),
             tis_capped_frac=s[6] / max(s[5], 1.0),
         )
-    if cfg.kl_in_reward:
-        if ref_model is None:
-            raise ValueError("algorithm.kl_in_reward needs the reference model (algorithm.kl_coef > 0)")
+    if cfg.kl_in_reward and ref_model is None:
+        raise ValueError("algorithm.kl_in_reward needs the reference model (algorithm.kl_coef > 0)")
+    if cfg.advantage_estimator == "ppo":
+        if values is None:
+            raise ValueError("algorithm.advantage_estimator=ppo: the actor got no values from the critic")
+        metrics.update(_ppo_advantages(plan, samples, cfg, world_size, values, publish_kl))
+    elif cfg.kl_in_reward:
         metrics.update(_kl_in_reward(plan, samples, cfg, world_size))
     return metrics

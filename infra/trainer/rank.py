@@ -6,29 +6,19 @@ import json
 import os
 import time
 from contextlib import nullcontext, suppress
-from functools import partial
 
 import ray
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR
 
-from infra.cluster.network import advertise_address, free_port
+from infra.cluster.network import free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
-from infra.storage.dcp_io import load_state, save_state
 from infra.storage.fs import upload_dir
-from infra.trainer.guard import assert_finite_state
-from infra.trainer.lr_schedule import lr_factor
-from infra.trainer.parallelize import init_distributed, parallelize
+from infra.trainer.fsdp_rank import FSDPRank
+from infra.trainer.parallelize import parallelize
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.buckets import bucket_params
@@ -42,41 +32,25 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param
 
 
-class TrainerRank:
+class TrainerRank(FSDPRank):
     def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        super().__init__(cfg, rank, world_size)
         self._links: list[EngineLink] = []
         self._sender: BroadcastSender | None = None
         # rank 0: the buckets of the last complete push, as sent (engine dtype), and their
         # version; a restarted engine gets them while the ranks train (no collective needed)
         self._last_push: tuple[str, list[tuple[list[str], list[torch.Tensor]]]] | None = None
-        # a local cluster stays on loopback; on a real cluster peers dial this node's IP
-        self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
-
-    def master_address(self) -> tuple[str, int]:
-        return self._address, free_port(self._address)
 
     def setup(self, model_uri: str, storage_options: dict, master_addr: str, master_port: int) -> None:
         """Join the trainer group and load the model (from a local or s3:// HF directory)."""
         model_path = self.model_dir = localize(model_uri, storage_options)
-        torch.set_num_threads(self.cfg.cluster.threads_per_worker)
-        init_distributed(
-            self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
-        )
+        self._join(master_addr, master_port)
         alg = self.cfg.algorithm
         torch.manual_seed(alg.seed)
         self.model = self._load(model_path, trainable=True)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
+        self._optimize(
+            alg.lr, alg.betas, alg.weight_decay, alg.warmup_steps, alg.lr_schedule, alg.min_lr_ratio
         )
-        schedule = partial(
-            lr_factor,
-            warmup=alg.warmup_steps,
-            total=self.cfg.total_optimizer_steps,
-            kind=alg.lr_schedule,
-            min_ratio=alg.min_lr_ratio,
-        )
-        self.scheduler = LambdaLR(self.optimizer, schedule)
         self.ref_model = self._load(model_path, trainable=False) if alg.kl_coef > 0 else None
 
     def _load(self, model_path: str, trainable: bool) -> torch.nn.Module:
@@ -88,8 +62,22 @@ class TrainerRank:
         model.train(trainable)
         return parallelize(model, self.world_size)
 
-    def train(self, rollout_id: int, batch: RolloutBatch) -> dict:
+    def train(
+        self,
+        rollout_id: int,
+        batch: RolloutBatch,
+        values: list[list[float]] | None = None,
+        mailbox: ray.actor.ActorHandle | None = None,
+    ) -> dict:
+        """One training call. ppo: `values` are the critic's; with `mailbox` (the rollout
+        manager), rank 0 posts the per-token KL there for the critic's returns."""
         start = time.perf_counter()
+        publish_kl = None
+        if mailbox is not None and self.rank == 0:
+
+            def publish_kl(kl: list[list[float]]) -> None:
+                ray.get(mailbox.post.remote(rollout_id, "kl", kl))
+
         metrics = train_on_batch(
             self.model,
             self.optimizer,
@@ -105,6 +93,8 @@ class TrainerRank:
             tis=self.cfg.tis_enabled,
             max_response_len=self.cfg.rollout.sampling.max_new_tokens,
             rollout_id=rollout_id,  # = the trainer's weight version: iterations trained so far
+            values=values,
+            publish_kl=publish_kl,
         )
         return {**metrics, "rollout_id": rollout_id, "time_train_s": time.perf_counter() - start}
 
@@ -150,9 +140,6 @@ class TrainerRank:
             for i, (names, tensors) in enumerate(buckets):
                 self._sender.send_bucket(names, tensors, i == len(buckets) - 1, version)
         return version
-
-    def pid(self) -> int:
-        return os.getpid()
 
     @ray.method(concurrency_group="restore")  # also while the main thread is stuck
     def close_weight_group(self) -> None:
@@ -214,35 +201,6 @@ class TrainerRank:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
-    def _dcp_state(self) -> dict:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        # RNG streams differ per rank: a per-rank key keeps DCP from deduplicating them.
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-            f"rng_rank{self.rank}": rng,
-        }
-
-    def save_checkpoint(self, path: str, storage_options: dict) -> None:
-        assert_finite_state(self.model, self.optimizer, self.world_size)
-        save_state(self._dcp_state(), path, storage_options)
-
-    def load_checkpoint(self, path: str, storage_options: dict) -> None:
-        state = self._dcp_state()  # the template DCP loads into, in place
-        load_state(state, path, storage_options)
-        set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        self.scheduler.load_state_dict(state["scheduler"])
-        rng = state[f"rng_rank{self.rank}"]
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
-
     def export_hf(self, uri: str, storage_options: dict) -> None:
         """Write an HF model directory (safetensors, config, tokenizer) to a local or s3:// URI.
 
@@ -269,5 +227,4 @@ class TrainerRank:
         if self._sender is not None and self._sender.group is not None:
             close_update_group(self._sender.group)  # the engines may be gone: only our end
             self._sender = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._leave()

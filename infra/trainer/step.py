@@ -18,10 +18,10 @@ from infra.trainer.losses import (
     token_logprobs,
 )
 from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
-from infra.trainer.offpolicy import prepare_old_policy
+from infra.trainer.offpolicy import PublishKL, prepare_old_policy
 
 
-def _grad_norm(model: nn.Module) -> torch.Tensor:
+def grad_norm(model: nn.Module) -> torch.Tensor:
     # Torchtitan's recipe: the norm of FSDP2's sharded DTensor grads is a partial result;
     # full_tensor() reduces it across ranks into the true global norm (same on every rank).
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -29,12 +29,15 @@ def _grad_norm(model: nn.Module) -> torch.Tensor:
     return total.full_tensor() if isinstance(total, DTensor) else total
 
 
-def _clip(model: nn.Module, max_norm: float, total: torch.Tensor) -> None:
+def clip_grads(model: nn.Module, max_norm: float, total: torch.Tensor) -> None:
     params = [p for p in model.parameters() if p.grad is not None]
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
 
 
-def _plan(samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device) -> list:
+def plan_steps(
+    samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device
+) -> list:
+    """This rank's micro-batches of each optimizer step (every rank runs the same number)."""
     if cfg.micro_batch_tokens is None:
         plan = plan_by_count(len(samples), world_size, gbs, cfg.micro_batch_size)
     else:
@@ -58,8 +61,13 @@ def train_on_batch(
     tis: bool = False,
     max_response_len: int = 1,
     rollout_id: int | None = None,
+    values: list[list[float]] | None = None,
+    publish_kl: PublishKL | None = None,
 ) -> dict:
     """Train on one rollout; every rank gets the same `samples` and returns the same metrics.
+
+    ppo: `values` (the critic's, per response token) replace the samples' scalar advantages
+    by per-token GAE advantages; see `prepare_old_policy` for `publish_kl`.
 
     `rollout_id` is the trainer's weight version (iterations trained so far): samples
     generated with that version measure the engine/trainer numeric mismatch; the others
@@ -71,10 +79,11 @@ def train_on_batch(
             f"itself divisible by world_size={world_size}"
         )
     device = next(model.parameters()).device
-    plan = _plan(samples, rank, world_size, global_batch_size, cfg, device)
+    plan = plan_steps(samples, rank, world_size, global_batch_size, cfg, device)
     metrics = prepare_old_policy(
-        model, ref_model, plan, samples, cfg, temperature, world_size, tis=tis, rollout_id=rollout_id
-    )
+        model, ref_model, plan, samples, cfg, temperature, world_size,
+        tis=tis, rollout_id=rollout_id, values=values, publish_kl=publish_kl,
+    )  # fmt: skip
 
     mode, eps_high = cfg.agg_mode, cfg.eps_clip_high or cfg.eps_clip
     gspo = cfg.advantage_estimator == "gspo"
@@ -118,14 +127,14 @@ def train_on_batch(
                     ]
                 )
             step_loss = all_reduce_sum(step_loss, world_size)
-            norm = _grad_norm(model)
+            norm = grad_norm(model)
             lr = scheduler.get_last_lr()[0]
             # A NaN/inf loss or gradient would poison the weights: skip the step on every rank.
             if any_rank(not (is_finite(step_loss) and is_finite(norm)), world_size):
                 skipped += 1
                 optimizer.zero_grad(set_to_none=True)
                 continue
-            _clip(model, cfg.grad_clip, norm)
+            clip_grads(model, cfg.grad_clip, norm)
             losses.append(float(step_loss))
             grad_norms.append(float(norm))
             optimizer.step()

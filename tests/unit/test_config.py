@@ -41,8 +41,24 @@ def test_batch_must_divide_rollout():
 def test_critic_only_steps_are_validated():
     with pytest.raises(ValidationError, match="num_critic_only_steps"):
         RunConfig(num_critic_only_steps=2)
-    with pytest.raises(ValidationError, match="critic.enabled"):
+    # the critic trains only for ppo: with another estimator it would train for nothing
+    with pytest.raises(ValidationError, match=r"critic.enabled with algorithm.advantage_estimator=grpo"):
         RunConfig.model_validate({"critic": {"enabled": True}})
+
+
+def test_ppo_with_critic_is_accepted_with_verl_defaults():
+    cfg = RunConfig.model_validate(
+        {"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}, "num_critic_only_steps": 1}
+    )
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam, cfg.critic.cliprange_value) == (1.0, 1.0, 0.5)
+    assert cfg.cluster.critic.num_workers == 2 and cfg.critic.model_path is None
+    ppo = {"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}}
+    with pytest.raises(ValidationError, match="cluster.critic.num_workers"):
+        RunConfig.model_validate({**ppo, "cluster": {"critic": {"num_workers": 3}}})
+    with pytest.raises(ValidationError, match="cluster.colocate with critic.enabled"):
+        RunConfig.model_validate({**ppo, "mode": "sync", "cluster": {"colocate": True}})
+    with pytest.raises(ValidationError, match="algorithm.lam"):
+        RunConfig.model_validate({**ppo, "algorithm": {"advantage_estimator": "ppo", "lam": 1.5}})
 
 
 def test_sglang_needs_gpus_and_pass_k_fits_samples():
@@ -115,6 +131,7 @@ def test_shipped_configs_parse():
         ({"algorithm": {"clip_ratio_c": 0.5}}, "clip_ratio_c"),
         ({"algorithm": {"advantage_estimator": "vanilla"}}, "advantage_estimator"),
         ({"critic": {"enabled": True}}, "critic.enabled"),
+        ({"algorithm": {"gamma": -0.1}}, "gamma"),
     ],
 )  # fmt: skip
 def test_algorithm_nonsense_is_rejected_by_name(tree, field):

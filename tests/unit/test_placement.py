@@ -11,6 +11,20 @@ def test_default_layout_one_bundle_per_process():
     assert layout.cpus == 3 and layout.gpus == 0
 
 
+def test_critic_is_a_role_of_its_own_only_when_enabled():
+    assert "critic" not in plan_placement(ClusterConfig()).slots
+    cfg = ClusterConfig(critic=RoleResources(num_workers=2, cpus_per_worker=1, gpus_per_worker=1))
+    layout = plan_placement(cfg, critic=True)
+    assert layout.roles["critic"].bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2
+    assert [(s.group, s.bundle) for s in layout.slots["critic"]] == [("critic", 0), ("critic", 1)]
+    assert layout.num_processes == 5 and layout.gpus == 2
+    assert ClusterConfig.model_validate({"critic": {"cpus_per_worker": 2}}).critic.num_workers == 2
+    with pytest.raises(ValueError, match="cluster.critic"):
+        plan_placement(ClusterConfig(critic=RoleResources(cpus_per_worker=0)), critic=True)
+    with pytest.raises(ValueError, match="critic"):
+        plan_placement(ClusterConfig(colocate=True), critic=True)
+
+
 def test_gpu_layout():
     cfg = ClusterConfig(
         trainer=RoleResources(num_workers=4, cpus_per_worker=2, gpus_per_worker=1),

@@ -1,0 +1,99 @@
+"""What every FSDP2 rank does the same way, whichever model it trains (the actor's policy or
+the critic's value model): join its group's own default process group, hold a sharded
+model with its AdamW optimizer and LR schedule, and save or load all of it with DCP.
+
+`TrainerRank` (the actor) and `CriticRank` build on it; each group runs in its own
+processes, so each has its own default group and master address.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.optim.lr_scheduler import LambdaLR
+
+from infra.cluster.network import advertise_address, free_port
+from infra.config import RunConfig
+from infra.storage.dcp_io import load_state, save_state
+from infra.trainer.guard import assert_finite_state
+from infra.trainer.lr_schedule import lr_factor
+from infra.trainer.parallelize import init_distributed
+
+
+class FSDPRank:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        # a local cluster stays on loopback; on a real cluster peers dial this node's IP
+        self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
+
+    def master_address(self) -> tuple[str, int]:
+        return self._address, free_port(self._address)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _join(self, master_addr: str, master_port: int) -> None:
+        torch.set_num_threads(self.cfg.cluster.threads_per_worker)
+        init_distributed(
+            self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
+        )
+
+    def _optimize(
+        self,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        warmup: int,
+        kind: str,
+        min_ratio: float,
+    ) -> None:
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
+        )
+        schedule = partial(
+            lr_factor, warmup=warmup, total=self.cfg.total_optimizer_steps, kind=kind, min_ratio=min_ratio
+        )
+        self.scheduler = LambdaLR(self.optimizer, schedule)
+
+    # --- DCP checkpoints: model, optimizer, scheduler, RNG --------------------------------
+
+    def _dcp_state(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        # RNG streams differ per rank: a per-rank key keeps DCP from deduplicating them.
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            f"rng_rank{self.rank}": rng,
+        }
+
+    def save_checkpoint(self, path: str, storage_options: dict) -> None:
+        assert_finite_state(self.model, self.optimizer, self.world_size)
+        save_state(self._dcp_state(), path, storage_options)
+
+    def load_checkpoint(self, path: str, storage_options: dict) -> None:
+        state = self._dcp_state()  # the template DCP loads into, in place
+        load_state(state, path, storage_options)
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        rng = state[f"rng_rank{self.rank}"]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+
+    def _leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
