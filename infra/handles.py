@@ -37,9 +37,6 @@ class RunHandles:
     def store(self) -> RunStore:
         return RunStore(self.cfg.storage, self.cfg.run_name)
 
-    def ends_epoch(self, rollout_id: int) -> bool:
-        return ray.get(self.manager.ends_epoch.remote(rollout_id))
-
     def generate(self, rollout_id: int) -> dict:
         return ray.get(self.manager.generate.remote(rollout_id))
 
