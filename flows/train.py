@@ -100,7 +100,10 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             run.record(row)  # before the checkpoint: a resumed run never lacks this row
             if schedule.save_after(k):
                 batches.drain()  # the batch generated ahead is part of the checkpoint
-                report.saved(save_.submit(run, k, schedule.export_hf_after(k)).result())
+                # as the seed: the writes overlap the next iterations, except the last save's
+                report.saved(
+                    save_.submit(run, k, schedule.export_hf_after(k), not schedule.is_last(k)).result()
+                )
             report.iteration_done(k)
             log.info(
                 "iter %04d | reward %.3f | generate %.2fs train %.2fs sync %.2fs | weight version %d",

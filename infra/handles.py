@@ -37,6 +37,11 @@ class RunHandles:
     def store(self) -> RunStore:
         return RunStore(self.cfg.storage, self.cfg.run_name)
 
+    @property
+    def checkpoint_ranks(self) -> list[ray.actor.ActorHandle]:
+        """Every rank that writes into a checkpoint; all must be durable before the commit."""
+        return self.trainers
+
     def generate(self, rollout_id: int) -> dict:
         return ray.get(self.manager.generate.remote(rollout_id))
 
@@ -47,7 +52,14 @@ class RunHandles:
             [t.train.remote(rollout_id, batch_ref) for t in self.trainers], f"train {rollout_id}"
         )
         self.manager.release.remote(rollout_id)
-        return results[0]
+        metrics = dict(results[0])
+        # A checkpoint written in the background during this step is committed now. Failing
+        # to commit it loses that checkpoint, not the step: the previous one stays the latest.
+        try:
+            metrics["checkpoint_committed"] = self.commit_pending()
+        except Exception as exc:  # noqa: BLE001 - reported by the train task as a warning
+            metrics["checkpoint_commit_error"] = f"{type(exc).__name__}: {exc}"
+        return metrics
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
@@ -77,15 +89,20 @@ class RunHandles:
     def evaluate(self, rollout_id: int) -> dict:
         return ray.get(self.manager.evaluate.remote(rollout_id))
 
-    def save(self, rollout_id: int, export_hf: bool) -> dict:
+    def save(self, rollout_id: int, export_hf: bool, background: bool = False) -> dict:
         """Checkpoint after iteration `rollout_id`: shards, prompt state, then the commit marker.
 
         A batch already generated ahead (async mode) is persisted as its rollout parquet;
         the checkpoint names it, and a resume trains on it instead of regenerating with
         newer weights, which keeps async resume exact.
+
+        With `background`, the ranks return once their state is staged and write it while
+        training goes on; the marker follows when the writes are durable (`commit_pending`,
+        called by the next train or save). A previous background save is committed first.
         """
         t0 = time.monotonic()
         ckpts = self._checkpoints()
+        self.commit_pending(ckpts)
         if ckpts.is_committed(rollout_id):
             if ckpts.meta(rollout_id).get("run_id") == self.run_id:
                 # a retried save whose first attempt committed: the checkpoint is whole
@@ -93,7 +110,6 @@ class RunHandles:
             ckpts.discard(rollout_id)  # an earlier run's (resumed from before it): replace it
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
-        get_ranks([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers], "save")
         nxt = rollout_id + 1
         meta = {
             "rollout_id": rollout_id,
@@ -104,12 +120,29 @@ class RunHandles:
             "config_hash": config_hash(self.cfg),
             "run_id": self.run_id,
         }
-        result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
+        ckpts.mark_pending(rollout_id, meta)
+        model_uri = ckpts.model_uri(path)
+        get_ranks(
+            [t.save_checkpoint.remote(model_uri, opts, background) for t in self.checkpoint_ranks], "save"
+        )
+        result = {"checkpoint_uri": ckpts.uri(rollout_id), "checkpoint_committed": not background}
+        if not background:
+            ckpts.commit(rollout_id, meta)
         if export_hf:
             result["hf_export_uri"] = self.store.uri("hf", "latest")
             get_ranks([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers], "export")
         result["time_save_s"] = time.monotonic() - t0
         return result
+
+    def commit_pending(self, ckpts: CheckpointStore | None = None) -> int | None:
+        """Wait for the ranks' background checkpoint write, then commit it; returns its iteration.
+
+        Every rank of every trainer group must report its write durable before the marker is
+        written. A failed write leaves the folder uncommitted (the next save cleans it) and
+        raises, so a resume can never load it."""
+        ckpts = ckpts or self._checkpoints()
+        written = get_ranks([t.finish_checkpoint.remote() for t in self.checkpoint_ranks], "checkpoint write")
+        return ckpts.commit_written(self.run_id, written)
 
     def _checkpoints(self) -> CheckpointStore:
         return CheckpointStore(self.store, keep_last=self.cfg.checkpoint.keep_last)

@@ -24,7 +24,7 @@ from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
-from infra.storage.dcp_io import load_state, save_state
+from infra.storage.dcp_io import BackgroundSave, load_state, save_state
 from infra.storage.fs import upload_dir
 from infra.trainer.guard import assert_finite_state
 from infra.trainer.lr_schedule import lr_factor
@@ -52,6 +52,7 @@ class TrainerRank:
         self._last_push: tuple[str, list[tuple[list[str], list[torch.Tensor]]]] | None = None
         # a local cluster stays on loopback; on a real cluster peers dial this node's IP
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
+        self._writing: BackgroundSave | None = None  # a checkpoint still being written
 
     def master_address(self) -> tuple[str, int]:
         return self._address, free_port(self._address)
@@ -63,6 +64,9 @@ class TrainerRank:
         init_distributed(
             self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
         )
+        # background checkpoint writes coordinate on their own group: their collectives run
+        # while training's run on the default one, and one gloo group must not mix the two
+        self._checkpoint_group = dist.new_group(backend="gloo")
         alg = self.cfg.algorithm
         torch.manual_seed(alg.seed)
         self.model = self._load(model_path, trainable=True)
@@ -227,9 +231,20 @@ class TrainerRank:
             f"rng_rank{self.rank}": rng,
         }
 
-    def save_checkpoint(self, path: str, storage_options: dict) -> None:
+    def save_checkpoint(self, path: str, storage_options: dict, background: bool = False) -> None:
+        """Write a DCP checkpoint; with `background`, return once the state is staged and let a
+        thread write it (`finish_checkpoint` waits for it). A write still running is finished first."""
         assert_finite_state(self.model, self.optimizer, self.world_size)
-        save_state(self._dcp_state(), path, storage_options)
+        self.finish_checkpoint()
+        if background:
+            self._writing = BackgroundSave(self._dcp_state(), path, storage_options, self._checkpoint_group)
+        else:
+            save_state(self._dcp_state(), path, storage_options)
+
+    def finish_checkpoint(self) -> str | None:
+        """Wait for the background write, if any; its path once it is durable, else None."""
+        writing, self._writing = self._writing, None
+        return writing.wait() if writing is not None else None
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
@@ -266,6 +281,8 @@ class TrainerRank:
             upload_dir(tmp, uri, storage_options, self.cfg.storage.retry_timeout_s)
 
     def shutdown(self) -> None:
+        with suppress(Exception):  # an uncommitted write ends before its group; it stays uncommitted
+            self.finish_checkpoint()
         if self._sender is not None and self._sender.group is not None:
             close_update_group(self._sender.group)  # the engines may be gone: only our end
             self._sender = None
