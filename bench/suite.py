@@ -48,6 +48,8 @@ BENCHES: list[Bench] = [
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),
+    Bench("bench.loop_overhead"),
+    Bench("bench.task_run_cost"),
 ]
 
 

@@ -11,10 +11,13 @@ from prefect.logging.handlers import APILogHandler
 from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 
+from flows.context_cache import reused_prefect_context, serialize_settings_once
+
 
 class ConnectedRayTaskRunner(RayTaskRunner):
     def __enter__(self):
         TaskRunner.__enter__(self)  # skip RayTaskRunner's ray.init: the flow body connects
+        serialize_settings_once()
         return self
 
     def __exit__(self, *exc_info):
@@ -24,14 +27,16 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         return type(self)()
 
     @staticmethod
-    def _run_prefect_task(*upstream_ray_obj_refs, **kwargs):
-        """prefect-ray's task body, then the task run's logs sent before the result returns.
+    def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
+        """prefect-ray's task body in the worker's reused settings and API client
+        (flows/context_cache.py), then the task run's logs sent before the result returns.
 
         A Ray worker sends logs to the API from a background batch every few seconds; the
         workers are killed at ray.shutdown, so without this a run's last task logs (and a
         fast task's all) could be lost and the task run page would show none.
         """
         try:
-            return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, **kwargs)
+            with reused_prefect_context(context) as reused:
+                return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)
         finally:
             APILogHandler().flush()

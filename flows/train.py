@@ -18,6 +18,7 @@ import time
 from prefect import flow, get_run_logger
 from prefect_ray.context import remote_options
 
+from flows.ahead import GenerateAhead
 from flows.artifacts import RunArtifacts
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.results import persisted
@@ -65,7 +66,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
-        schedule = LoopSchedule.from_config(config, run.ends_epoch, start)
+        schedule = LoopSchedule.from_config(config, checked.num_train_prompts, start)
         log.info(
             "run %s: iterations %d..%d, mode %s",
             config.run_name,
@@ -77,17 +78,14 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         sync_.submit(run, start).result()
 
         ahead = config.mode == "async"
-        future, ready, last = generate_.submit(run, start), None, []
+        batches = GenerateAhead(lambda k, after: generate_.submit(run, k, wait_for=after))
+        batches.submit(start)
         row: dict = {}
         for k in range(start, schedule.num_rollout):
-            t0 = time.monotonic()
-            if future is None and ready is None:
-                future = generate_.submit(run, k, wait_for=last)
-            if future is not None:
-                ready, last, future = future.result(), [future], None
-            rollout, ready = ready, None
+            t0, started = time.monotonic(), time.time()
+            rollout = batches.take(k)
             if ahead and schedule.has_next(k):
-                future = generate_.submit(run, k + 1, wait_for=last)
+                batches.submit(k + 1)
 
             # colocated (sync mode only, nothing in flight): engines give the trainer the devices
             released = run.release_engines() if config.cluster.colocate else {}
@@ -100,19 +98,21 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             if config.cluster.colocate:
                 row.update(run.resume_engines())
             if schedule.sync_after(k):
-                if future is not None:  # no generation may be in flight while weights change
-                    ready, last, future = future.result(), [future], None
+                batches.drain()  # no generation may be in flight while weights change
                 row.update(sync_.submit(run, k + 1).result())
             if schedule.eval_after(k):
                 result = eval_.submit(run, k).result()
                 report.evaluated(k, result)
                 row.update({key: v for key, v in result.items() if key != "examples"})
             row["time_iteration_s"] = time.monotonic() - t0
+            row["time_started_unix"] = started  # start to start also counts the save after the row
             run.record(row)  # before the checkpoint: a resumed run never lacks this row
             if schedule.save_after(k):
-                if future is not None:  # the batch generated ahead is part of the checkpoint
-                    ready, last, future = future.result(), [future], None
-                report.saved(save_.submit(run, k, schedule.export_hf_after(k)).result())
+                batches.drain()  # the batch generated ahead is part of the checkpoint
+                # as the seed: the writes overlap the next iterations, except the last save's
+                report.saved(
+                    save_.submit(run, k, schedule.export_hf_after(k), not schedule.is_last(k)).result()
+                )
             report.iteration_done(k)
             log.info(
                 "iter %04d | reward %.3f | generate %.2fs train %.2fs sync %.2fs | weight version %d",

@@ -38,8 +38,10 @@ class RunHandles:
     def store(self) -> RunStore:
         return RunStore(self.cfg.storage, self.cfg.run_name)
 
-    def ends_epoch(self, rollout_id: int) -> bool:
-        return ray.get(self.manager.ends_epoch.remote(rollout_id))
+    @property
+    def checkpoint_ranks(self) -> list[ray.actor.ActorHandle]:
+        """Every rank that writes into a checkpoint; all must be durable before the commit."""
+        return [*self.trainers, *self.critics]
 
     def generate(self, rollout_id: int) -> dict:
         return ray.get(self.manager.generate.remote(rollout_id))
@@ -56,7 +58,14 @@ class RunHandles:
             f"train {rollout_id}",
         )
         self.manager.release.remote(rollout_id, "actor")
-        return results[0]
+        metrics = dict(results[0])
+        # A checkpoint written in the background during this step is committed now. Failing
+        # to commit it loses that checkpoint, not the step: the previous one stays the latest.
+        try:
+            metrics["checkpoint_committed"] = self.commit_pending()
+        except Exception as exc:  # noqa: BLE001 - reported by the train task as a warning
+            metrics["checkpoint_commit_error"] = f"{type(exc).__name__}: {exc}"
+        return metrics
 
     def train_critic(self, rollout_id: int) -> dict:
         """ppo: the critic's values of batch k (posted for the actor), then its value-loss steps.
@@ -108,15 +117,20 @@ class RunHandles:
     def evaluate(self, rollout_id: int) -> dict:
         return ray.get(self.manager.evaluate.remote(rollout_id))
 
-    def save(self, rollout_id: int, export_hf: bool) -> dict:
+    def save(self, rollout_id: int, export_hf: bool, background: bool = False) -> dict:
         """Checkpoint after iteration `rollout_id`: shards, prompt state, then the commit marker.
 
         A batch already generated ahead (async mode) is persisted as its rollout parquet;
         the checkpoint names it, and a resume trains on it instead of regenerating with
         newer weights, which keeps async resume exact.
+
+        With `background`, the ranks return once their state is staged and write it while
+        training goes on; the marker follows when the writes are durable (`commit_pending`,
+        called by the next train or save). A previous background save is committed first.
         """
         t0 = time.monotonic()
         ckpts = self._checkpoints()
+        self.commit_pending(ckpts)
         if ckpts.is_committed(rollout_id):
             if ckpts.meta(rollout_id).get("run_id") == self.run_id:
                 # a retried save whose first attempt committed: the checkpoint is whole
@@ -124,8 +138,6 @@ class RunHandles:
             ckpts.discard(rollout_id)  # an earlier run's (resumed from before it): replace it
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
-        get_ranks([t.save_checkpoint.remote(ckpts.model_uri(path), opts) for t in self.trainers], "save")
-        self._save_critic(path, opts)  # before the commit marker, like the actor's shards
         nxt = rollout_id + 1
         meta = {
             "rollout_id": rollout_id,
@@ -136,12 +148,28 @@ class RunHandles:
             "config_hash": config_hash(self.cfg),
             "run_id": self.run_id,
         }
-        result = {"checkpoint_uri": ckpts.commit(rollout_id, meta)}
+        ckpts.mark_pending(rollout_id, meta)
+        model_uri = ckpts.model_uri(path)
+        get_ranks([t.save_checkpoint.remote(model_uri, opts, background) for t in self.trainers], "save")
+        self._save_critic(path, opts, background)  # before the commit marker, like the actor's shards
+        result = {"checkpoint_uri": ckpts.uri(rollout_id), "checkpoint_committed": not background}
+        if not background:
+            ckpts.commit(rollout_id, meta)
         if export_hf:
             result["hf_export_uri"] = self.store.uri("hf", "latest")
             get_ranks([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers], "export")
         result["time_save_s"] = time.monotonic() - t0
         return result
+
+    def commit_pending(self, ckpts: CheckpointStore | None = None) -> int | None:
+        """Wait for the ranks' background checkpoint write, then commit it; returns its iteration.
+
+        Every rank of every trainer group must report its write durable before the marker is
+        written. A failed write leaves the folder uncommitted (the next save cleans it) and
+        raises, so a resume can never load it."""
+        ckpts = ckpts or self._checkpoints()
+        written = get_ranks([t.finish_checkpoint.remote() for t in self.checkpoint_ranks], "checkpoint write")
+        return ckpts.commit_written(self.run_id, written)
 
     def _checkpoints(self) -> CheckpointStore:
         return CheckpointStore(self.store, keep_last=self.cfg.checkpoint.keep_last)
@@ -164,11 +192,11 @@ class RunHandles:
         truncate_metrics(self.store, nxt)  # rows of iterations that will be redone
         return nxt
 
-    def _save_critic(self, ckpt_uri: str, opts: dict) -> None:
+    def _save_critic(self, ckpt_uri: str, opts: dict, background: bool) -> None:
         """The critic's DCP state (model, optimizer, scheduler) in `critic/` beside `model/`."""
         if self.critics:
             uri = f"{ckpt_uri.rstrip('/')}/critic"
-            get_ranks([c.save_checkpoint.remote(uri, opts) for c in self.critics], "critic save")
+            get_ranks([c.save_checkpoint.remote(uri, opts, background) for c in self.critics], "critic save")
 
     def _restore_critic(self, ckpt_uri: str, opts: dict) -> None:
         if self.critics:

@@ -36,6 +36,7 @@ class Preflight:
     finished: str | None = None  # why there is nothing to do, for a resumed finished run
     cleared: list[str] = field(default_factory=list)  # what resume=fresh deleted
     warnings: list[str] = field(default_factory=list)  # legal but likely slow or wrong
+    num_train_prompts: int = 0  # rows of data.train_path: the flow's schedule knows epoch ends
 
 
 def preflight(cfg: RunConfig) -> Preflight:
@@ -61,7 +62,11 @@ def preflight(cfg: RunConfig) -> Preflight:
     _check("storage.uri", lambda: check_writable(store))
     _check("checkpoint.resume", lambda: refuse_if_used(cfg, store))
     point = _check("checkpoint.resume", lambda: resume_point(cfg, store))
-    result = Preflight(finished=finished_message(cfg, point), warnings=oversubscription(cfg))
+    result = Preflight(
+        finished=finished_message(cfg, point),
+        warnings=oversubscription(cfg),
+        num_train_prompts=len(rows["data.train_path"]),
+    )
     if cfg.checkpoint.resume == "fresh":
         result.cleared = clear_for_fresh_start(store)
         if result.cleared:

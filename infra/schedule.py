@@ -3,7 +3,6 @@ reads like the algorithm and the rules are tested without Prefect or Ray."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from infra.config import RunConfig
@@ -11,6 +10,12 @@ from infra.config import RunConfig
 
 def _every(interval: int | None, k: int) -> bool:
     return bool(interval) and (k + 1) % interval == 0
+
+
+def batch_ends_epoch(rollout_id: int, batch_size: int, num_prompts: int) -> bool:
+    """True when batch `rollout_id` (stream positions k*B .. (k+1)*B-1 over `num_prompts`
+    rows per epoch) holds the last prompt of an epoch: it reaches or crosses an epoch's end."""
+    return (rollout_id + 1) * batch_size // num_prompts > rollout_id * batch_size // num_prompts
 
 
 @dataclass(frozen=True)
@@ -21,11 +26,17 @@ class LoopSchedule:
     eval_interval: int | None
     hf_export_interval: int | None
     num_critic_only_steps: int
-    ends_epoch: Callable[[int], bool]
+    batch_size: int  # prompts per rollout
+    num_prompts: int  # train prompts per epoch
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, ends_epoch: Callable[[int], bool], start: int = 0) -> LoopSchedule:
-        """The schedule of one flow run starting at `start`; it stops early at iterations_per_run."""
+    def from_config(cls, cfg: RunConfig, num_prompts: int, start: int = 0) -> LoopSchedule:
+        """The schedule of one flow run starting at `start`; it stops early at iterations_per_run.
+
+        `num_prompts` is the number of train rows (preflight loads them): epoch ends are then
+        known here, without asking the rollout manager every iteration."""
+        if num_prompts < 1:
+            raise ValueError(f"data.train_path: no train prompts (got {num_prompts} rows)")
         stop = cfg.num_rollout
         if cfg.iterations_per_run:
             stop = min(stop, start + cfg.iterations_per_run)
@@ -36,8 +47,12 @@ class LoopSchedule:
             eval_interval=cfg.eval.interval,
             hf_export_interval=cfg.checkpoint.hf_export_interval,
             num_critic_only_steps=cfg.num_critic_only_steps,
-            ends_epoch=ends_epoch,
+            batch_size=cfg.rollout.prompts_per_rollout,
+            num_prompts=num_prompts,
         )
+
+    def ends_epoch(self, k: int) -> bool:
+        return batch_ends_epoch(k, self.batch_size, self.num_prompts)
 
     def is_last(self, k: int) -> bool:
         return k == self.num_rollout - 1

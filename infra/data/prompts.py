@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from infra.data.builtin_tasks import builtin_rows
+from infra.schedule import batch_ends_epoch
 from infra.storage.fs import filesystem
 
 
@@ -134,8 +135,7 @@ class PromptSource:
     def ends_epoch(self, rollout_id: int) -> bool:
         """True when the batch holds the last prompt of an epoch (it reaches or crosses an
         epoch's end), the moment to save and evaluate at epoch boundaries."""
-        n = len(self.rows)
-        return (rollout_id + 1) * self.batch_size // n > rollout_id * self.batch_size // n
+        return batch_ends_epoch(rollout_id, self.batch_size, len(self.rows))
 
     def state(self, next_rollout_id: int) -> dict:
         """What a checkpoint records before iteration `next_rollout_id`; the stream itself

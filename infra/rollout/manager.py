@@ -91,10 +91,7 @@ class RolloutManager:
             ids.append(enc[0])
         return ids
 
-    # -- queries used by the flow's schedule -------------------------------------------
-    def ends_epoch(self, rollout_id: int) -> bool:
-        return self.source.ends_epoch(rollout_id)
-
+    # -- what a checkpoint records ----------------------------------------------------
     def prompt_state(self, next_rollout_id: int) -> dict:
         return self.source.state(next_rollout_id)
 

@@ -6,6 +6,12 @@ the same for the critic), `meta.json`, and `COMMITTED`,
 written last. `latest` is rewritten only after the marker, so a reader never follows it
 to a partial checkpoint; folders without a marker are never loaded and are removed by the
 next save.
+
+A checkpoint written in the background is pending: its folder holds `meta.json` (naming the
+flow run that writes it) but no marker while the trainer ranks' threads write the shards.
+`commit_written` writes the marker only once every rank of every trainer group reported its
+write of that folder durable; a run that dies before that leaves a folder that is ignored
+and cleaned like any partial one, and a resume takes the previous committed checkpoint.
 """
 
 from __future__ import annotations
@@ -62,6 +68,34 @@ class CheckpointStore:
             if not self.is_committed(k):
                 self.store.delete(self._rel(k), recursive=True)
         return self.uri(rollout_id)
+
+    def mark_pending(self, rollout_id: int, meta: dict) -> None:
+        """The meta of a save in progress; without the marker it names the flow run writing it."""
+        self.store.write_text(self._rel(rollout_id, "meta.json"), json.dumps(meta, indent=2, sort_keys=True))
+
+    def pending(self, run_id: str) -> list[int]:
+        """Uncommitted checkpoints that flow run `run_id` started (its background saves)."""
+        found = []
+        for k in self._iterations():
+            if self.is_committed(k) or not self.store.exists(self._rel(k, "meta.json")):
+                continue
+            if self.meta(k).get("run_id") == run_id:
+                found.append(k)
+        return found
+
+    def commit_written(self, run_id: str, written: list[str | None]) -> int | None:
+        """Commit run `run_id`'s pending checkpoint if every rank reported it written.
+
+        `written` holds, per rank of every trainer group, the folder its last background
+        write went to once durable (None: no such write). Returns the committed iteration."""
+        if not written or None in written:
+            return None  # nothing written, or not by every rank: nothing may be committed
+        for k in self.pending(run_id):
+            folder = self.uri(k) + "/"
+            if all(path.startswith(folder) for path in written):
+                self.commit(k, self.meta(k))
+                return k
+        return None
 
     def discard(self, rollout_id: int) -> None:
         """Remove a checkpoint (marker first, so it is never seen half-deleted as whole)."""

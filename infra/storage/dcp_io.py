@@ -10,12 +10,20 @@ DCP reports a failed write as `CheckpointException`, a BaseException that Ray an
 Prefect would treat as a crash; `save_state`/`load_state` raise the first rank's error
 as an ordinary exception instead, so a save task retries transient storage faults and
 fails at once on deterministic ones (a missing bucket).
+
+`BackgroundSave` is the asynchronous form: the call returns once the state is copied
+(staged) to fresh CPU tensors, so training may change the weights while a thread writes
+the copy; its collectives run on a process group of their own, never on the one training
+uses at the same time. Nobody may treat the folder as a checkpoint before `wait()`
+returned: the caller writes the commit marker only then.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 # torch keeps its fsspec storage in a private module; it is the documented way to write
@@ -79,3 +87,23 @@ def load_state(state: dict, path: str, storage_options: dict) -> None:
         dcp.load(state, storage_reader=checkpoint_reader(path, storage_options))
     except CheckpointException as exc:
         raise _plain_error(exc, f"checkpoint read from {path}") from None
+
+
+class BackgroundSave:
+    """One DCP save written by a background thread; `wait()` returns its path once durable."""
+
+    def __init__(
+        self, state: dict, path: str, storage_options: dict, group: dist.ProcessGroup | None
+    ) -> None:
+        self.path = path
+        # the writer stages (copies) the state before async_save returns
+        self._future: Future = dcp.async_save(
+            state, storage_writer=checkpoint_writer(path, storage_options), process_group=group
+        )
+
+    def wait(self) -> str:
+        try:
+            self._future.result()
+        except CheckpointException as exc:
+            raise _plain_error(exc, f"checkpoint write to {self.path}") from None
+        return self.path

@@ -9,6 +9,7 @@ processes, so each has its own default group and master address.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from functools import partial
 
 import torch
@@ -18,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
-from infra.storage.dcp_io import load_state, save_state
+from infra.storage.dcp_io import BackgroundSave, load_state, save_state
 from infra.trainer.guard import assert_finite_state
 from infra.trainer.lr_schedule import lr_factor
 from infra.trainer.parallelize import init_distributed
@@ -33,6 +34,7 @@ class FSDPRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         # a local cluster stays on loopback; on a real cluster peers dial this node's IP
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
+        self._writing: BackgroundSave | None = None  # a checkpoint still being written
 
     def master_address(self) -> tuple[str, int]:
         return self._address, free_port(self._address)
@@ -45,6 +47,9 @@ class FSDPRank:
         init_distributed(
             self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
         )
+        # background checkpoint writes coordinate on their own group: their collectives run
+        # while training's run on the default one, and one gloo group must not mix the two
+        self._checkpoint_group = dist.new_group(backend="gloo")
 
     def _optimize(
         self,
@@ -78,9 +83,20 @@ class FSDPRank:
             f"rng_rank{self.rank}": rng,
         }
 
-    def save_checkpoint(self, path: str, storage_options: dict) -> None:
+    def save_checkpoint(self, path: str, storage_options: dict, background: bool = False) -> None:
+        """Write a DCP checkpoint; with `background`, return once the state is staged and let a
+        thread write it (`finish_checkpoint` waits for it). A write still running is finished first."""
         assert_finite_state(self.model, self.optimizer, self.world_size)
-        save_state(self._dcp_state(), path, storage_options)
+        self.finish_checkpoint()
+        if background:
+            self._writing = BackgroundSave(self._dcp_state(), path, storage_options, self._checkpoint_group)
+        else:
+            save_state(self._dcp_state(), path, storage_options)
+
+    def finish_checkpoint(self) -> str | None:
+        """Wait for the background write, if any; its path once it is durable, else None."""
+        writing, self._writing = self._writing, None
+        return writing.wait() if writing is not None else None
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
         state = self._dcp_state()  # the template DCP loads into, in place
@@ -95,5 +111,7 @@ class FSDPRank:
             torch.cuda.set_rng_state(rng["cuda"])
 
     def _leave(self) -> None:
+        with suppress(Exception):  # an uncommitted write ends before its group; it stays uncommitted
+            self.finish_checkpoint()
         if dist.is_initialized():
             dist.destroy_process_group()

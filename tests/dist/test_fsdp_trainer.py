@@ -80,7 +80,11 @@ def _train_save_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     trainer.save_checkpoint(f"{out}/ckpt_local", {})
     trainer.save_checkpoint(f"file://{out}/ckpt_fsspec", {"auto_mkdir": True})
     saved = _full_train_state(trainer)
+    # in the background: staged now, written while the next step changes the weights
+    trainer.save_checkpoint(f"{out}/ckpt_background", {}, background=True)
     metrics_next = trainer.train(1, _batch(1))
+    written = trainer.finish_checkpoint()
+    assert written == f"{out}/ckpt_background" and trainer.finish_checkpoint() is None
     state = {"full": full, "saved": saved, "next": _full_train_state(trainer), "metrics_next": metrics_next}
     if rank == 0:  # full state dicts are gathered by all ranks but held by rank 0 only
         torch.save(state, f"{out}/c_save.pt")
@@ -95,10 +99,17 @@ def _load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     trainer.setup(model_dir, {}, ADDR, port)
     trainer.load_checkpoint(f"{out}/ckpt_local", {})
     loaded_local = _full_train_state(trainer)
+    trainer.load_checkpoint(f"{out}/ckpt_background", {})
+    loaded_background = _full_train_state(trainer)
     trainer.load_checkpoint(f"file://{out}/ckpt_fsspec", {})
     loaded = _full_train_state(trainer)
     metrics_next = trainer.train(1, _batch(1))
-    state = {"loaded_local": loaded_local, "loaded": loaded, "next": _full_train_state(trainer)}
+    state = {
+        "loaded_local": loaded_local,
+        "loaded_background": loaded_background,
+        "loaded": loaded,
+        "next": _full_train_state(trainer),
+    }
     if rank == 0:
         torch.save({**state, "metrics_next": metrics_next}, f"{out}/c_load.pt")
     trainer.shutdown()
@@ -146,6 +157,8 @@ def test_dcp_round_trip_is_bitwise(trained, model_dir):
     assert saved["saved"]["optim"]["state"], "the optimizer state must not be empty"
     _assert_equal_tree(saved["saved"], loaded["loaded_local"])
     _assert_equal_tree(saved["saved"], loaded["loaded"])
+    # the background save holds the state of its call, not the step that ran during its write
+    _assert_equal_tree(saved["saved"], loaded["loaded_background"])
     # training on from the checkpoint continues exactly as without the restart
     _assert_equal_tree(saved["next"], loaded["next"])
     assert saved["metrics_next"]["loss"] == loaded["metrics_next"]["loss"]

@@ -1,4 +1,5 @@
-"""The runner's override of prefect-ray's task body must really be what Ray runs.
+"""The runner's override of prefect-ray's task body must really be what Ray runs, and the
+settings it reuses per process (flows/context_cache.py) must follow the flow's settings.
 
 `ConnectedRayTaskRunner._run_prefect_task` flushes a task run's logs before its result
 returns. prefect-ray submits `self._run_prefect_task`; if a prefect-ray release stops
@@ -15,6 +16,8 @@ import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+from prefect.context import SettingsContext
+from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 
 from flows.prefect_api import worker_env
 from flows.runner import ConnectedRayTaskRunner
@@ -28,10 +31,22 @@ def speak() -> int:
     return 7
 
 
+@task(name="retries-setting")
+def retries_setting() -> tuple[int, str]:
+    # what the worker's task run sees, and which API client it talks through
+    from prefect.client.orchestration import get_client
+
+    return PREFECT_TASK_DEFAULT_RETRIES.value(), str(get_client(sync_client=True).api_url)
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
-def one_task() -> tuple[int, str]:
+def one_task() -> tuple[int, str, list]:
     future = speak.submit()
-    return future.result(), str(future.task_run_id)
+    seen = [retries_setting.submit().result()]
+    with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
+        seen.append(retries_setting.submit().result())
+    seen.append(retries_setting.submit().result())
+    return future.result(), str(future.task_run_id), seen
 
 
 async def _messages(task_run_id: str) -> list[str]:
@@ -46,11 +61,24 @@ def test_override_flushes_worker_logs_before_the_result(prefect_api):
     env = {**worker_env(), "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60"}
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
     try:
-        value, task_run_id = one_task()
+        value, task_run_id, seen = one_task()
     finally:
         ray.shutdown()  # kills the worker: anything it had not sent is gone
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
+    # settings changed in the flow reach the next task run, and changed back the one after
+    assert [retries for retries, _ in seen] == [0, 5, 0]
+    assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
+
+
+def test_settings_are_serialized_once_per_context():
+    ConnectedRayTaskRunner().__enter__()
+    ctx = SettingsContext.get()
+    first = ctx.serialize()
+    assert ctx.serialize() is first  # the flow's submits reuse it
+    with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 3}):
+        changed = SettingsContext.get().serialize()
+    assert changed is not first and changed["settings"]["tasks"]["default_retries"] == 3
 
 
 def test_prefect_ray_still_submits_the_overridable_body():

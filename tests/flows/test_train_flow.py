@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import ray
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
 
 from flows.train import train
 from infra.config import RunConfig
@@ -38,6 +38,14 @@ async def _task_runs(flow_run_id):
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
     return {r.name: r for r in runs}
+
+
+async def _logs(task_run_id) -> list[str]:
+    async with get_client() as client:
+        logs = await client.read_logs(
+            log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id]))
+        )
+    return [log.message for log in logs]
 
 
 def run_flow(cfg):
@@ -85,6 +93,14 @@ def test_async_flow_overlaps_and_keeps_engines_in_sync(prefect_api, tmp_path):
         assert (frame["response_ids"].map(len) == frame["engine_logprobs"].map(len)).all()
 
     assert store.exists("checkpoints/iter_0000003/COMMITTED")
+    # save-0001 went to the background; train-0002 committed it once the ranks' writes were
+    # durable; save-0003, the last, was written and committed before its task returned
+    assert any("writing in the background" in m for m in asyncio.run(_logs(runs["save-0001"].id)))
+    assert "checkpoint of iteration 1 written and committed" in asyncio.run(_logs(runs["train-0002"].id))
+    assert store.exists("checkpoints/iter_0000001/COMMITTED")
+    assert any(
+        m.endswith("committed (" + m.rsplit("(", 1)[-1]) for m in asyncio.run(_logs(runs["save-0003"].id))
+    )
     assert store.ls("prefect-results")  # task results persisted beside the run
     assert not ray.is_initialized()
     assert engine_server_pids() == []

@@ -10,7 +10,7 @@ import s3fs
 import torch
 import torch.distributed.checkpoint as dcp
 
-from infra.storage.dcp_io import checkpoint_reader, checkpoint_writer, save_state
+from infra.storage.dcp_io import BackgroundSave, checkpoint_reader, checkpoint_writer, save_state
 
 pytestmark = pytest.mark.s3
 
@@ -38,3 +38,24 @@ def test_local_paths_use_the_plain_writer(tmp_path):
     loaded = {"w": torch.zeros(2)}
     dcp.load(loaded, storage_reader=checkpoint_reader(str(tmp_path / "m"), {}))
     assert torch.equal(loaded["w"], torch.ones(2))
+
+
+def test_background_save_writes_the_state_of_its_call(s3_bucket, moto_s3):
+    opts = {"endpoint_url": moto_s3}
+    state = {"w": torch.randn(64, 8)}
+    expected = state["w"].clone()
+    uri = f"{s3_bucket}/run/checkpoints/iter_0000002/model"
+    writing = BackgroundSave(state, uri, opts, group=None)
+    state["w"].add_(1.0)  # training goes on: the staged copy is what gets written
+    assert writing.wait() == uri
+    loaded = {"w": torch.zeros(64, 8)}
+    dcp.load(loaded, storage_reader=checkpoint_reader(uri, opts))
+    assert torch.equal(loaded["w"], expected)
+
+
+def test_a_failed_background_write_raises_a_plain_error_on_wait(moto_s3):
+    s3fs.S3FileSystem.clear_instance_cache()
+    bucket = f"gone-{uuid.uuid4().hex[:12]}"
+    writing = BackgroundSave({"w": torch.ones(2)}, f"s3://{bucket}/m", {"endpoint_url": moto_s3}, group=None)
+    with pytest.raises(FileNotFoundError, match=rf"checkpoint write to s3://{bucket}/m"):
+        writing.wait()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import RunConfig
+from infra.data.builtin_tasks import builtin_rows
 from infra.handles import RunHandles
 from infra.preflight import PreflightError, preflight
 from infra.storage.checkpoints import CheckpointStore, config_hash
@@ -50,6 +51,8 @@ def test_defaults_pass_and_write_nothing(tmp_path):
     result = preflight(cfg(tmp_path))
     assert result.finished is None and result.cleared == []
     assert files_under(tmp_path) == []
+    # the schedule's epoch ends count the same rows the rollout manager draws from
+    assert result.num_train_prompts == len(builtin_rows("digit-copy", "train"))
 
 
 def test_data_errors_name_the_field_and_file(tmp_path):

@@ -1,10 +1,13 @@
+import pytest
+
 from infra.config import RunConfig
-from infra.schedule import LoopSchedule
+from infra.data.prompts import PromptSource
+from infra.schedule import LoopSchedule, batch_ends_epoch
 
 
-def make(ends_epoch=lambda k: False, **kw):
+def make(num_prompts=10**6, **kw):
     cfg = RunConfig.model_validate(kw)
-    return LoopSchedule.from_config(cfg, ends_epoch)
+    return LoopSchedule.from_config(cfg, num_prompts)
 
 
 def fired(pred, n):
@@ -12,15 +15,34 @@ def fired(pred, n):
 
 
 def test_save_every_interval_at_epoch_ends_and_last():
-    s = make(lambda k: k in (4, 9), num_rollout=12, checkpoint={"save_interval": 3})
+    # 25 prompts in batches of 5: epochs end with batches 4 and 9
+    s = make(25, num_rollout=12, checkpoint={"save_interval": 3}, rollout={"prompts_per_rollout": 5})
     assert fired(s.save_after, 12) == [2, 4, 5, 8, 9, 11]
 
 
 def test_eval_every_interval_and_epoch_end_not_forced_at_last():
-    s = make(lambda k: k == 4, num_rollout=12, eval={"interval": 5})
+    s = make(25, num_rollout=12, eval={"interval": 5}, rollout={"prompts_per_rollout": 5})
     assert fired(s.eval_after, 12) == [4, 9]
-    never = make(lambda k: True, num_rollout=4, eval={"interval": None})
+    never = make(1, num_rollout=4, eval={"interval": None})
     assert fired(never.eval_after, 4) == []
+
+
+@pytest.mark.parametrize(("rows", "batch"), [(7, 3), (10, 5), (3, 7), (64, 64), (100, 64)])
+def test_epoch_ends_match_the_prompt_stream(rows, batch):
+    """The flow's schedule and the manager's prompt stream agree on every epoch end."""
+    cfg = RunConfig(num_rollout=40, rollout={"prompts_per_rollout": batch})
+    s = LoopSchedule.from_config(cfg, rows)
+    source = PromptSource([{"prompt": str(i), "label": ""} for i in range(rows)], batch, 0)
+    ends = fired(s.ends_epoch, 40)
+    assert ends == fired(source.ends_epoch, 40)
+    # a batch ends an epoch exactly when the next batch starts in a later epoch
+    assert ends == [k for k in range(40) if source.epoch_of(k + 1) > source.epoch_of(k)]
+    assert batch_ends_epoch(0, batch, rows) == (batch >= rows)
+
+
+def test_no_train_prompts_is_an_error():
+    with pytest.raises(ValueError, match="data.train_path"):
+        LoopSchedule.from_config(RunConfig(), 0)
 
 
 def test_sync_every_interval_and_at_the_end():
@@ -38,8 +60,8 @@ def test_next_and_hf_export():
 
 def test_iterations_per_run_stops_early_and_checkpoints():
     cfg = RunConfig(num_rollout=10, iterations_per_run=3, checkpoint={"save_interval": None})
-    s = LoopSchedule.from_config(cfg, lambda k: False, start=6)
+    s = LoopSchedule.from_config(cfg, 10**6, start=6)
     assert s.num_rollout == 9 and s.is_last(8) and not s.has_next(8)
     assert fired(s.save_after, 9) == [8]  # the stop is checkpointed for the next run
-    tail = LoopSchedule.from_config(cfg, lambda k: False, start=8)
+    tail = LoopSchedule.from_config(cfg, 10**6, start=8)
     assert tail.num_rollout == 10  # never past num_rollout

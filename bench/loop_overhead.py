@@ -1,0 +1,92 @@
+"""The loop's orchestration overhead: run the demo for N iterations and print the medians
+of its per-iteration timings from the run's metrics.jsonl.
+
+    python -m bench.loop_overhead [--iterations 30] [overrides...]
+
+Per iteration (the first, which waits for the first generate, is left out):
+  overhead = iteration - max(generate, train + sync) - eval
+  overlap efficiency = max(generate, train + sync) / iteration
+`period` is the time from one iteration's start to the next one's, so it also counts what
+the flow does after `time_iteration_s` is taken (the metrics row, a checkpoint save); with
+`--save-iterations` the median period of the iterations that saved is printed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def summarize(rows: list[dict], saved: set[int]) -> dict:
+    rows = sorted(rows, key=lambda r: r["rollout_id"])
+    starts = {r["rollout_id"]: r["time_started_unix"] for r in rows}
+    steady = rows[1:]
+    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+
+    def busy(r: dict) -> float:
+        return max(r["time_generate_s"], r["time_train_s"] + r.get("time_sync_s", 0.0))
+
+    periods = {k: starts[k + 1] - starts[k] for k in starts if k + 1 in starts and k > 0}
+    return {
+        "iterations": len(steady),
+        "iteration_s": med([r["time_iteration_s"] for r in steady]),
+        "generate_s": med([r["time_generate_s"] for r in steady]),
+        "train_s": med([r["time_train_s"] for r in steady]),
+        "sync_s": med([r.get("time_sync_s", 0.0) for r in steady]),
+        "overhead_s": med([r["time_iteration_s"] - busy(r) - r.get("time_eval_s", 0.0) for r in steady]),
+        "overlap_efficiency": med([busy(r) / r["time_iteration_s"] for r in steady]),
+        "period_s": med([p for k, p in periods.items() if k not in saved]),
+        "period_save_s": med([p for k, p in periods.items() if k in saved]),
+    }
+
+
+def save_iterations(iterations: int, overrides: list[str]) -> set[int]:
+    """The iterations after which the flow saved, by the flow's own schedule."""
+    from infra.config_files import load_config
+    from infra.data.prompts import load_rows, with_split
+    from infra.schedule import LoopSchedule
+    from infra.storage.fs import storage_options
+
+    cfg = load_config(None, overrides)
+    d = cfg.data
+    rows = load_rows(
+        with_split(d.train_path, "train"), d.prompt_key, d.label_key, storage_options(cfg.storage)
+    )
+    schedule = LoopSchedule.from_config(cfg, len(rows))
+    return {k for k in range(iterations) if schedule.save_after(k)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.loop_overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("overrides", nargs="*", help="key.path=value settings for the demo config")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as root:
+        cmd = [
+            sys.executable,
+            "-m",
+            "flows.train",
+            f"num_rollout={args.iterations}",
+            f"storage.uri={root}",
+            "run_name=loop-overhead",
+            *args.overrides,
+        ]
+        t0 = time.monotonic()
+        rc = subprocess.call(cmd)
+        wall = time.monotonic() - t0
+        run = Path(root) / "loop-overhead"
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    saved = save_iterations(args.iterations, cmd[3:])
+    result = {"exit_code": rc, "wall_s": round(wall, 1), **summarize(rows, saved)}
+    print(json.dumps(result))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
