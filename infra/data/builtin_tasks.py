@@ -5,10 +5,10 @@ string; every task holds out an eval split of prompts it never trains on, strati
 answer so that no answer is over-represented in either split. A rising reward therefore
 means the model reads the prompt, and eval accuracy means it generalises.
 
-- `digit-copy`: `"{a}{d}:"` -> `d`, copy the digit before the colon (100 prompts). The
-  easiest task: a smoke test of the loop. Eval holds out 2 of the 10 leading digits `a`
-  for every `d` (20 prompts); train is the other 80. Every answer is 10% of each split,
-  so no constant answer scores above 0.1.
+- `digit-copy`: `"{d}{m}"` -> `d`, copy the digit before the end mark `m`, one of
+  `: = > # ~` (50 prompts). The easiest task: a smoke test of the loop. Eval holds out
+  one end mark for every digit (10 prompts); train is the other 40. Every answer is 10%
+  of each split, so no constant answer scores above 0.1.
 - `digit-add`: `"{a}+{b}="` -> `str(a+b)` for single digits with a+b <= 9 (55 prompts).
   Eval holds out 12 prompts (about 20% of each sum); train is the other 43. The most
   frequent sum (9) is the answer to 10 of the 55 prompts (0.18), and no constant answer
@@ -34,6 +34,7 @@ Split = Literal["train", "eval"]
 _DIGIT_ADD_SPLIT_SEED = 20240601
 _DIGIT_ADD_EVAL_FRACTION = 0.2
 _DIGIT_COPY_SPLIT_SEED = 20240602
+_DIGIT_COPY_MARKS = ":=>#~"
 _ADDITION_SPLIT_SEED = 20240603
 _ADDITION_RANGE = range(10, 50)
 
@@ -58,14 +59,17 @@ def _digit_add(split: Split) -> list[dict]:
 
 
 def _digit_copy(split: Split) -> list[dict]:
-    # The leading digit `a` is what varies: held-out prompts pair every answer with leading
-    # digits it was never trained with, and each answer keeps 8 train and 2 eval prompts.
+    # The end mark varies, so held-out prompts pair every answer with an end mark it was never
+    # trained with; each answer keeps 4 train and 1 eval prompt. The prompt holds one digit
+    # only, as `"7:"` did, so the task stays as easy as it was before it had a split.
     rng = np.random.default_rng(_DIGIT_COPY_SPLIT_SEED)
     rows = []
     for d in range(10):
-        held_out = set(rng.permutation(10)[:2].tolist())
+        held_out = int(rng.integers(len(_DIGIT_COPY_MARKS)))
         rows += [
-            {"prompt": f"{a}{d}:", "label": str(d)} for a in range(10) if (a in held_out) == (split == "eval")
+            {"prompt": f"{d}{mark}", "label": str(d)}
+            for i, mark in enumerate(_DIGIT_COPY_MARKS)
+            if (i == held_out) == (split == "eval")
         ]
     return _shuffled(rows, rng) if split == "eval" else rows
 

@@ -38,17 +38,17 @@ def test_digit_add_split_is_disjoint_fixed_and_complete() -> None:
         assert row["label"] == str(int(a) + int(b)) and int(row["label"]) <= 9
 
 
-def test_digit_copy_holds_out_two_leading_digits_per_answer() -> None:
+def test_digit_copy_holds_out_one_end_mark_per_answer() -> None:
     train, eval_ = builtin_rows("digit-copy", "train"), builtin_rows("digit-copy", "eval")
     distinct = _distinct(train)
-    assert (len(distinct), len(eval_)) == (80, 20)
+    assert (len(distinct), len(eval_)) == (40, 10)
     for row in distinct + eval_:
-        assert len(row["prompt"]) == 3 and row["prompt"][1] == row["label"] and row["prompt"][2] == ":"
-    # every answer has 8 train and 2 eval prompts, so a constant answer scores exactly 0.1
-    assert set(Counter(r["label"] for r in distinct).values()) == {8}
-    assert set(Counter(r["label"] for r in eval_).values()) == {2}
+        assert len(row["prompt"]) == 2 and row["prompt"][0] == row["label"] and row["prompt"][1] in ":=>#~"
+    # every answer has 4 train prompts and 1 eval prompt, so a constant answer scores exactly 0.1
+    assert set(Counter(r["label"] for r in distinct).values()) == {4}
+    assert sorted(r["label"] for r in eval_) == [str(d) for d in range(10)]
     # an epoch of training passes over the prompts several times, each equally often
-    assert set(Counter(r["prompt"] for r in train).values()) == {8}
+    assert set(Counter(r["prompt"] for r in train).values()) == {16}
 
 
 def test_addition_answers_are_two_digit_sums_and_the_split_is_stratified() -> None:
