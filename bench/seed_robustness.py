@@ -126,7 +126,10 @@ def main(argv: list[str]) -> int:
         values = [r[key] for r in results if r[key] is not None]
         missing = len(results) - len(values)
         stats = (
-            " / ".join(_fmt(float(v)) for v in (min(values), statistics.median(values), max(values)))
+            " / ".join(
+                _fmt(v if key == "reward_target_iter" else float(v))
+                for v in (min(values), statistics.median(values), max(values))
+            )
             if values
             else "-"
         )
