@@ -50,6 +50,7 @@ BENCHES: list[Bench] = [
     Bench("bench.demo_footprint"),
     Bench("bench.loop_overhead"),
     Bench("bench.task_run_cost"),
+    Bench("bench.seed_robustness", timeout_s=3600),
 ]
 
 

@@ -199,8 +199,8 @@ class DataConfig(_Section):
     )
     eval_path: str = Field(
         "builtin:digit-copy",
-        description="Evaluation prompts, same formats. `builtin:digit-add` holds out prompts it never "
-        "trains on; `builtin:digit-copy` has too few and evaluates on its training prompts.",
+        description="Evaluation prompts, same formats. A `builtin:<task>` evaluates on its eval split: "
+        "prompts it never trains on.",
     )
     prompt_key: str = Field(
         "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."
@@ -227,7 +227,7 @@ class DataConfig(_Section):
     )
     reward: str = Field(
         "exact_match",
-        description="A registered reward (exact_match, prefix_match, contains, numeric_match, gsm8k, "
+        description="A registered reward (exact_match, prefix_match, char_match, contains, numeric_match, gsm8k, "
         "boxed_math, normalized_exact_match, f1), `module:function` (the module importable by the flow "
         "and the Ray workers), `path/to/file.py:function`, or `http(s)://...` (a reward service, see "
         "remote_reward). Signature (prompt, response, label, **kw) -> float, async allowed; functions "

@@ -1,15 +1,25 @@
 """Built-in verifiable tasks, generated deterministically so a run needs no download.
 
 Each answer depends on its prompt, so a policy cannot score by emitting one constant
-string: for `digit-add` the most frequent sum (9) is the answer to 10 of the 55 prompts
-(0.18), and no constant answer scores above 0.2 on either split (8/43 on train, 2/12
-on eval). A rising reward therefore means the model reads the prompt.
+string; every task holds out an eval split of prompts it never trains on, stratified by
+answer so that no answer is over-represented in either split. A rising reward therefore
+means the model reads the prompt, and eval accuracy means it generalises.
 
+- `digit-copy`: `"{d}{m}"` -> `d`, copy the digit before the end mark `m`, one of
+  `: = > # ~` (50 prompts). The easiest task: a smoke test of the loop. Eval holds out
+  one end mark for every digit (10 prompts); train is the other 40. Every answer is 10%
+  of each split, so no constant answer scores above 0.1.
 - `digit-add`: `"{a}+{b}="` -> `str(a+b)` for single digits with a+b <= 9 (55 prompts).
-  Eval holds out 12 prompts (about 20% of each sum, chosen with a fixed seed); train is
-  the other 43, so eval measures generalisation to unseen pairs of digits.
-- `digit-copy`: `"{d}:"` -> `d` (10 prompts). The easiest task: a smoke test of the loop.
-  Train and eval are the same 10 prompts (there are too few to hold any out).
+  Eval holds out 12 prompts (about 20% of each sum); train is the other 43. The most
+  frequent sum (9) is the answer to 10 of the 55 prompts (0.18), and no constant answer
+  scores above 0.2 on either split (8/43 on train, 2/12 on eval).
+- `addition`: `"{a}+{b}="` -> `str(a+b)` for a, b in 10..19 (100 prompts), answers of
+  two digits, one token each with the built-in character tokenizer: the tens digit is the
+  carry (2 or 3), the units digit (a+b) mod 10. Eval holds out 20% of each sum (20
+  prompts, shuffled so any leading subset is representative); train is the other 80. The
+  best constant answer (29) scores 8/80 = 0.1 on train and 2/20 = 0.1 on eval; under the
+  partial-credit `char_match` reward the best constant (29) scores 0.325 on either split.
+  (a, b in 10..49, 1600 prompts, was too much for the tiny model to learn in a demo run.)
 """
 
 from __future__ import annotations
@@ -21,9 +31,13 @@ import numpy as np
 
 Split = Literal["train", "eval"]
 
-# Fixed, not configurable: the split must never change between runs or resumes.
+# Fixed, not configurable: the splits must never change between runs or resumes.
 _DIGIT_ADD_SPLIT_SEED = 20240601
 _DIGIT_ADD_EVAL_FRACTION = 0.2
+_DIGIT_COPY_SPLIT_SEED = 20240602
+_DIGIT_COPY_MARKS = ":=>#~"
+_ADDITION_SPLIT_SEED = 20240603
+_ADDITION_RANGE = range(10, 20)
 
 
 def _digit_add(split: Split) -> list[dict]:
@@ -46,10 +60,49 @@ def _digit_add(split: Split) -> list[dict]:
 
 
 def _digit_copy(split: Split) -> list[dict]:
-    return [{"prompt": f"{d}:", "label": str(d)} for d in range(10)]
+    # The end mark varies, so held-out prompts pair every answer with an end mark it was never
+    # trained with; each answer keeps 4 train and 1 eval prompt. The prompt holds one digit
+    # only, as `"7:"` did, so the task stays as easy as it was before it had a split.
+    rng = np.random.default_rng(_DIGIT_COPY_SPLIT_SEED)
+    rows = []
+    for d in range(10):
+        held_out = int(rng.integers(len(_DIGIT_COPY_MARKS)))
+        rows += [
+            {"prompt": f"{d}{mark}", "label": str(d)}
+            for i, mark in enumerate(_DIGIT_COPY_MARKS)
+            if (i == held_out) == (split == "eval")
+        ]
+    return _shuffled(rows, rng) if split == "eval" else rows
 
 
-_TASKS: dict[str, Callable[[Split], list[dict]]] = {"digit-add": _digit_add, "digit-copy": _digit_copy}
+def _addition(split: Split) -> list[dict]:
+    # Stratified by sum as digit-add is: ~20% of every sum's pairs held out (a sum with one or
+    # two pairs, 20, 21, 37 or 38, stays in train), so both splits keep the task's sum distribution.
+    rng = np.random.default_rng(_ADDITION_SPLIT_SEED)
+    lo, hi = _ADDITION_RANGE[0], _ADDITION_RANGE[-1]
+    rows = []
+    for total in range(2 * lo, 2 * hi + 1):
+        pairs = [(a, total - a) for a in _ADDITION_RANGE if lo <= total - a <= hi]
+        n_eval = round(_DIGIT_ADD_EVAL_FRACTION * len(pairs))
+        held_out = set(rng.permutation(len(pairs))[:n_eval].tolist())
+        rows += [
+            {"prompt": f"{a}+{b}=", "label": str(total)}
+            for i, (a, b) in enumerate(pairs)
+            if (i in held_out) == (split == "eval")
+        ]
+    # Evaluation reads the first eval.num_prompts rows: in sum order those would all be small sums.
+    return _shuffled(rows, rng) if split == "eval" else rows
+
+
+def _shuffled(rows: list[dict], rng: np.random.Generator) -> list[dict]:
+    return [rows[i] for i in rng.permutation(len(rows))]
+
+
+_TASKS: dict[str, Callable[[Split], list[dict]]] = {
+    "digit-add": _digit_add,
+    "digit-copy": _digit_copy,
+    "addition": _addition,
+}
 
 BUILTIN_TASKS: tuple[str, ...] = tuple(_TASKS)
 

@@ -58,6 +58,18 @@ def prefix_match(prompt: str, response: str, label: str, stop: Iterable[str] = (
     return float(clean_response(response, stop).startswith(label.strip()))
 
 
+def char_match(prompt: str, response: str, label: str, stop: Iterable[str] = (), **kw) -> float:
+    """Partial credit: the share of positions where response and label have the same character,
+    over the longer of the two (1 only for an exact match). From a random start a multi-token
+    answer is almost never exactly right, so exact match gives GRPO no signal; per-character
+    credit lets a policy learn an answer one position at a time."""
+    text, target = clean_response(response, stop), label.strip()
+    longest = max(len(text), len(target))
+    if not longest:
+        return 1.0
+    return sum(a == b for a, b in zip(text, target, strict=False)) / longest
+
+
 def contains(prompt: str, response: str, label: str, **kw) -> float:
     return float(label.strip() in response)
 
@@ -74,6 +86,7 @@ def numeric_match(prompt: str, response: str, label: str, **kw) -> float:
 REWARDS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "prefix_match": prefix_match,
+    "char_match": char_match,
     "contains": contains,
     "numeric_match": numeric_match,
     "gsm8k": graders.gsm8k,

@@ -31,7 +31,8 @@ def test_estimator_learns_the_demo_task(prefect_api, tmp_path, estimator):
     rows = read_metrics(RunStore(cfg.storage, cfg.run_name))
     rewards = [r["reward_mean"] for r in rows]
     print(estimator, [round(r, 3) for r in rewards])
-    # measured: grpo 0.011 -> 0.141, reinforce_plus_plus 0.011 -> 0.157 at iteration 9
+    # measured (digit-copy with end marks): grpo 0.008 -> 0.149 (last-3 mean 0.111),
+    # reinforce_plus_plus 0.008 -> 0.139 (last-3 mean 0.112) at iteration 9
     assert rewards[0] < 0.02
     assert sum(rewards[-3:]) / 3 > 0.09 and rewards[-1] > 10 * rewards[0], rewards
     last = rows[-1]

@@ -28,6 +28,14 @@ def test_registered_rewards() -> None:
     assert nm("", "no number", "9") == 0.0 and nm("", "-2.5", "-2.5") == 1.0
 
 
+def test_char_match_gives_partial_credit_per_position() -> None:
+    cm = REWARDS["char_match"]
+    assert cm("23+45=", "68", "68") == 1.0 and cm("23+45=", " 68\n", "68", stop=["\n"]) == 1.0
+    assert cm("23+45=", "67", "68") == 0.5 and cm("23+45=", "86", "68") == 0.0
+    assert cm("23+45=", "6", "68") == 0.5 and cm("23+45=", "681", "68") == pytest.approx(2 / 3)
+    assert cm("23+45=", "", "68") == 0.0
+
+
 def test_resolve_by_name_and_dotted_path() -> None:
     assert resolve_reward("exact_match") is REWARDS["exact_match"]
     assert resolve_reward(f"{__name__}:length_reward") is length_reward

@@ -1,0 +1,143 @@
+"""Run one config with several seeds, one run after another, and print how each learned.
+
+    python -m bench.seed_robustness [--config FILE] [--seeds 3] [--target 0.9] [--every 5] [overrides...]
+
+Seed index s shifts every seed of the run by s: the model init (`model.tiny.seed`), the
+trainer (`algorithm.seed`), sampling (`rollout.seed`) and the prompt order
+(`data.shuffle_seed`); s = 0 is the config exactly as given. The runs go one at a time
+(on 2 cores, side by side runs would slow each other and their wall times would mean
+nothing). The flow's own output goes to stderr; stdout is the report: per seed the wall
+time, the first iteration whose train reward reaches the target, the final reward (mean
+of the last 3 iterations), the final eval accuracy (`eval_reward_mean` of the last eval),
+a curve table every `--every` iterations (reward, entropy, share of prompt groups whose
+rewards all agree), and min / median / max over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+from infra.config import RunConfig
+from infra.config_files import load_config
+from infra.storage.fs import RunStore
+from infra.storage.metrics import read_metrics
+
+
+def seed_overrides(cfg: RunConfig, s: int) -> list[str]:
+    """Overrides that shift every seed of `cfg` by `s` (0: unchanged)."""
+    return [
+        f"run_name={cfg.run_name}-seed{s}",
+        f"model.tiny.seed={cfg.model.tiny.seed + s}",
+        f"algorithm.seed={cfg.algorithm.seed + s}",
+        f"rollout.seed={cfg.rollout.seed + s}",
+        f"data.shuffle_seed={cfg.data.shuffle_seed + s}",
+        "checkpoint.resume=fresh",
+    ]
+
+
+def run_seed(config: str | None, overrides: list[str]) -> tuple[float, list[dict]]:
+    """Run the flow in a child process; its wall time and metrics rows."""
+    cmd = [sys.executable, "-m", "flows.train", *(["--config", config] if config else []), *overrides]
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, stdout=sys.stderr, check=False).returncode
+    wall = time.monotonic() - t0
+    if rc:
+        raise SystemExit(f"run failed with exit code {rc}: {' '.join(cmd)}")
+    cfg = load_config(config, overrides)
+    return wall, read_metrics(RunStore(cfg.storage, cfg.run_name))
+
+
+def summarize(rows: list[dict], target: float) -> dict:
+    rewards = [r["reward_mean"] for r in rows]
+    evals = [(r["rollout_id"], r["eval_reward_mean"]) for r in rows if "eval_reward_mean" in r]
+    reached = next((r["rollout_id"] for r in rows if r["reward_mean"] >= target), None)
+    return {
+        "iterations": len(rows),
+        "first_reward": rewards[0],
+        "first_eval": evals[0] if evals else None,
+        "reward_target_iter": reached,
+        "final_reward": statistics.fmean(rewards[-3:]),
+        "final_eval": evals[-1][1] if evals else None,
+        "final_eval_iter": evals[-1][0] if evals else None,
+    }
+
+
+def curve(rows: list[dict], every: int) -> list[str]:
+    """Every `every`-th row and the last; the eval column is the latest eval so far (@ its iteration)."""
+    lines = [" iter | reward | entropy | zero-var groups | latest eval acc"]
+    latest = ""
+    for r in rows:
+        if "eval_reward_mean" in r:
+            latest = f"{r['eval_reward_mean']:.3f} @{r['rollout_id']}"
+        if r["rollout_id"] % every and r is not rows[-1]:
+            continue
+        lines.append(
+            f" {r['rollout_id']:4d} | {r['reward_mean']:6.3f} | {r['entropy']:7.3f} | "
+            f"{r['zero_variance_group_frac']:15.3f} | {latest}"
+        )
+    return lines
+
+
+def _eval_span(res: dict) -> str:
+    if res["first_eval"] is None:
+        return "- (no eval)"
+    (i0, e0), i1 = res["first_eval"], res["final_eval_iter"]
+    return f"{e0:.3f} (iteration {i0}) -> {res['final_eval']:.3f} (iteration {i1})"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="YAML config (default: the embedded demo defaults)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    parser.add_argument("--target", type=float, default=0.9, help="reward and eval accuracy target")
+    parser.add_argument("--every", type=int, default=5, help="curve table: every N iterations")
+    parser.add_argument("overrides", nargs="*", help="key.path=value applied to every run")
+    args = parser.parse_args(argv)
+    base = load_config(args.config, args.overrides)
+    mem = psutil.virtual_memory().total / 2**30
+    print(
+        f"machine: {os.cpu_count()} cores, {mem:.0f} GiB; config: {args.config or 'defaults'} {args.overrides}"
+    )
+    results = []
+    for s in range(args.seeds):
+        wall, rows = run_seed(args.config, [*args.overrides, *seed_overrides(base, s)])
+        res = {"seed": s, "wall_s": wall, **summarize(rows, args.target)}
+        results.append(res)
+        print(
+            f"seed {s}: wall {wall:.1f} s, {res['iterations']} iterations, reward "
+            f"{_fmt(res['first_reward'])} -> {_fmt(res['final_reward'])} (last 3), reward >= {args.target} "
+            f"first at iteration {_fmt(res['reward_target_iter'])}, eval accuracy {_eval_span(res)}"
+        )
+        print("\n".join(curve(rows, args.every)), flush=True)
+    print(f"over {len(results)} seeds: min / median / max")
+    for key in ("wall_s", "reward_target_iter", "final_reward", "final_eval"):
+        values = [r[key] for r in results if r[key] is not None]
+        missing = len(results) - len(values)
+        stats = (
+            " / ".join(
+                _fmt(v if key == "reward_target_iter" else float(v))
+                for v in (min(values), statistics.median(values), max(values))
+            )
+            if values
+            else "-"
+        )
+        print(f"  {key}: {stats}" + (f" ({missing} seeds never reached it)" if missing else ""))
+    hit = sum(r["final_eval"] is not None and r["final_eval"] >= args.target for r in results)
+    print(f"final eval accuracy >= {args.target}: {hit} of {len(results)} seeds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
