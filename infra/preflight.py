@@ -206,12 +206,14 @@ def oversubscription(cfg: RunConfig) -> list[str]:
     if cfg.cluster.ray_address:
         return []
     c = cfg.cluster
-    wanted = c.trainer.num_workers * c.threads_per_worker + c.engines.num_workers * c.threads_per_worker
+    critics = c.critic.num_workers if cfg.critic.enabled else 0
+    wanted = (c.trainer.num_workers + critics + c.engines.num_workers) * c.threads_per_worker
     have = os.cpu_count() or 1
     if wanted <= have:
         return []
+    critic_ranks = f", {critics} critic ranks" if critics else ""
     return [
-        f"cluster: {c.trainer.num_workers} trainer ranks and {c.engines.num_workers} engines x "
+        f"cluster: {c.trainer.num_workers} trainer ranks{critic_ranks} and {c.engines.num_workers} engines x "
         f"threads_per_worker={c.threads_per_worker} want {wanted} cores; this machine has {have}, "
         "so they share cores and run slower"
     ]

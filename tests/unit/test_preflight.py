@@ -215,3 +215,14 @@ def test_oversubscribed_local_cluster_is_reported(tmp_path):
     assert (
         preflight(cfg(tmp_path, cluster__ray_address="auto")).warnings == []
     )  # a real cluster: its business
+
+
+def test_oversubscription_counts_the_critic_ranks(monkeypatch):
+    from infra.preflight import oversubscription
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    grpo = RunConfig()  # 2 trainer ranks + 1 engine: 3 of 4 cores
+    assert oversubscription(grpo) == []
+    ppo = RunConfig.model_validate({"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}})
+    (warning,) = oversubscription(ppo)  # + 2 critic ranks: 5 of 4
+    assert "2 critic ranks" in warning and "want 5 cores" in warning
