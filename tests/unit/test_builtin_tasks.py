@@ -73,6 +73,20 @@ def test_addition_answers_are_two_digit_sums_and_the_split_is_stratified() -> No
     assert len({r["label"] for r in eval_[:8]}) > 5
 
 
+def test_pair_copy_copies_two_digits_and_holds_out_two_pairs_per_first_digit() -> None:
+    train, eval_ = builtin_rows("pair-copy", "train"), builtin_rows("pair-copy", "eval")
+    distinct = _distinct(train)
+    assert (len(distinct), len(eval_)) == (80, 20)
+    for row in distinct + eval_:
+        assert row["prompt"] == row["label"] + ":" and len(row["label"]) == 2
+    assert Counter(r["label"][0] for r in eval_) == {str(a): 2 for a in range(10)}
+    # the bounds the module docstring states, over every two-digit constant answer
+    for rows, exact, chars in ((distinct, 1 / 80, 0.10625), (eval_, 1 / 20, 0.15)):
+        assert _best_constant_score(rows) == exact
+        best = max(sum(char_match("", f"{c:02d}", r["label"]) for r in rows) / len(rows) for c in range(100))
+        assert best == pytest.approx(chars)
+
+
 def test_unknown_task_lists_known_ones() -> None:
     with pytest.raises(ValueError, match="digit-add.*digit-copy.*addition"):
         builtin_rows("nope", "train")
