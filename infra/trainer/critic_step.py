@@ -14,9 +14,8 @@ from infra.config import RunConfig
 from infra.rollout.batch import Sample
 from infra.trainer.batches import MicroBatch, all_reduce_sum
 from infra.trainer.critic_losses import clipped_value_loss
-from infra.trainer.guard import any_rank, is_finite
 from infra.trainer.ppo_targets import response_mask, response_width, to_positions, to_response
-from infra.trainer.step import clip_grads, grad_norm, plan_steps
+from infra.trainer.step import guarded_step, plan_steps
 
 
 def values_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -107,17 +106,12 @@ def train_critic_on_batch(
             step_loss = all_reduce_sum(step_loss, world_size)
             clipped += float(all_reduce_sum(step_clipped, world_size))
             tokens_seen += tokens
-            norm = grad_norm(model)
-            if any_rank(not (is_finite(step_loss) and is_finite(norm)), world_size):
-                skipped += 1  # a NaN/inf would poison the weights: no step, on every rank
-                optimizer.zero_grad(set_to_none=True)
+            norm = guarded_step(model, optimizer, scheduler, step_loss, critic.grad_clip, world_size)
+            if norm is None:
+                skipped += 1
                 continue
-            clip_grads(model, critic.grad_clip, norm)
             losses.append(float(step_loss))
-            norms.append(float(norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            norms.append(norm)
     return {
         **_value_stats(values, returns, samples),
         "value_loss": sum(losses) / len(losses) if losses else 0.0,

@@ -34,6 +34,28 @@ def clip_grads(model: nn.Module, max_norm: float, total: torch.Tensor) -> None:
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
 
 
+def guarded_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    step_loss: torch.Tensor,
+    max_norm: float,
+    world_size: int,
+) -> float | None:
+    """Clip the gradients and apply one optimizer and LR-schedule step; returns the gradient
+    norm before clipping. A NaN/inf loss or gradient would poison the weights: then no step
+    is taken on any rank (the gradients are dropped) and None is returned."""
+    norm = grad_norm(model)
+    if any_rank(not (is_finite(step_loss) and is_finite(norm)), world_size):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    clip_grads(model, max_norm, norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
 def plan_steps(
     samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device
 ) -> list:
@@ -127,19 +149,13 @@ def train_on_batch(
                     ]
                 )
             step_loss = all_reduce_sum(step_loss, world_size)
-            norm = grad_norm(model)
             lr = scheduler.get_last_lr()[0]
-            # A NaN/inf loss or gradient would poison the weights: skip the step on every rank.
-            if any_rank(not (is_finite(step_loss) and is_finite(norm)), world_size):
+            norm = guarded_step(model, optimizer, scheduler, step_loss, cfg.grad_clip, world_size)
+            if norm is None:
                 skipped += 1
-                optimizer.zero_grad(set_to_none=True)
                 continue
-            clip_grads(model, cfg.grad_clip, norm)
             losses.append(float(step_loss))
-            grad_norms.append(float(norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norms.append(norm)
 
     high, low, dual, entropy, kl = all_reduce_sum(sums, world_size).tolist()
     per_token = max(total_tokens, 1.0)
