@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from infra.cluster.network import free_port
 from infra.config import RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
+from tests.dist.rank_state import full_train_state
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -21,7 +22,11 @@ ADDR = "127.0.0.1"
 def _cfg() -> RunConfig:
     return RunConfig.model_validate(
         {
-            "rollout": {"prompts_per_rollout": 2, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 6}},
+            "rollout": {
+                "prompts_per_rollout": 2,
+                "n_samples_per_prompt": 4,
+                "sampling": {"max_new_tokens": 6},
+            },
             "algorithm": {"advantage_estimator": "ppo", "micro_batch_size": 2, "lam": 0.95},
             "critic": {"enabled": True, "lr": 1e-2},
         }
@@ -44,14 +49,6 @@ def _batch() -> RolloutBatch:
     return RolloutBatch(rollout_id=0, samples=samples)
 
 
-def _state(critic) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(critic.model, critic.optimizer, options=options)
-    return {"model": model_sd, "optim": optim_sd, "scheduler": critic.scheduler.state_dict()}
-
-
 def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     from infra.trainer.critic_rank import CriticRank
 
@@ -63,11 +60,11 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
         values.append(critic.compute_values(k, batch))
         metrics.append(critic.train(k, batch))
     critic.save_checkpoint(f"{out}/critic", {})
-    saved = _state(critic)
+    saved = full_train_state(critic)
     critic.compute_values(6, batch)
     after_save = critic.train(6, batch)
     critic.load_checkpoint(f"{out}/critic", {})
-    loaded = _state(critic)
+    loaded = full_train_state(critic)
     critic.compute_values(6, batch)
     after_load = critic.train(6, batch)
     result = {"metrics": metrics, "values": values, "after_save": after_save, "after_load": after_load}

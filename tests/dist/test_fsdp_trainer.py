@@ -13,6 +13,7 @@ from infra.cluster.network import free_port
 from infra.config import AlgorithmConfig, RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.weights.group import broadcast, close_update_group, open_update_group
+from tests.dist.rank_state import full_train_state
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -54,14 +55,6 @@ def _full_params(model) -> dict[str, torch.Tensor]:
     return {n: p.full_tensor().clone() for n, p in model.named_parameters()}
 
 
-def _full_train_state(trainer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
-    return {"model": model_sd, "optim": optim_sd, "scheduler": trainer.scheduler.state_dict()}
-
-
 # --- (a) training step + full state dict, (c) DCP round trip ------------------------------
 
 
@@ -79,13 +72,13 @@ def _train_save_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     full = trainer.full_state_dict()
     trainer.save_checkpoint(f"{out}/ckpt_local", {})
     trainer.save_checkpoint(f"file://{out}/ckpt_fsspec", {"auto_mkdir": True})
-    saved = _full_train_state(trainer)
+    saved = full_train_state(trainer)
     # in the background: staged now, written while the next step changes the weights
     trainer.save_checkpoint(f"{out}/ckpt_background", {}, background=True)
     metrics_next = trainer.train(1, _batch(1))
     written = trainer.finish_checkpoint()
     assert written == f"{out}/ckpt_background" and trainer.finish_checkpoint() is None
-    state = {"full": full, "saved": saved, "next": _full_train_state(trainer), "metrics_next": metrics_next}
+    state = {"full": full, "saved": saved, "next": full_train_state(trainer), "metrics_next": metrics_next}
     if rank == 0:  # full state dicts are gathered by all ranks but held by rank 0 only
         torch.save(state, f"{out}/c_save.pt")
     trainer.shutdown()
@@ -98,17 +91,17 @@ def _load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     trainer = TrainerRank(_cfg(), rank, 2)
     trainer.setup(model_dir, {}, ADDR, port)
     trainer.load_checkpoint(f"{out}/ckpt_local", {})
-    loaded_local = _full_train_state(trainer)
+    loaded_local = full_train_state(trainer)
     trainer.load_checkpoint(f"{out}/ckpt_background", {})
-    loaded_background = _full_train_state(trainer)
+    loaded_background = full_train_state(trainer)
     trainer.load_checkpoint(f"file://{out}/ckpt_fsspec", {})
-    loaded = _full_train_state(trainer)
+    loaded = full_train_state(trainer)
     metrics_next = trainer.train(1, _batch(1))
     state = {
         "loaded_local": loaded_local,
         "loaded_background": loaded_background,
         "loaded": loaded,
-        "next": _full_train_state(trainer),
+        "next": full_train_state(trainer),
     }
     if rank == 0:
         torch.save({**state, "metrics_next": metrics_next}, f"{out}/c_load.pt")
