@@ -1,12 +1,16 @@
-"""What one Prefect task run costs on the Ray task runner: prefect-ray's own task body
-against this project's runner (flows/runner.py), which reuses Prefect's settings and API
-client per process. Both in one Ray session, no-op tasks submitted one after another.
+"""What one Prefect task run costs on the Ray task runner, three task bodies side by side
+in one Ray session, no-op tasks submitted one after another:
+- prefect-ray's own, then its logs and states sent to the API before the result returns;
+- the same with Prefect's settings and API client reused per process (flows/context_cache.py);
+- this project's runner (flows/runner.py): reused, and a completed task run's logs and
+  states sent in the background (flows/reporting.py).
 
     python -m bench.task_run_cost [--tasks 30]
 
 Prints the median wall time from submit to result per task run (the first 5 of each side,
-which start the workers, are left out). prefect-ray's side runs first: the runner's flow-side
-settings cache, once installed, stays for the process.
+which start the workers, are left out), over `--repeats` rounds of all three sides:
+min / median / max of the medians. prefect-ray's side runs first in the first round: the
+runner's flow-side settings cache, once installed, stays for the process.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
+from bench.common import ratio_line, spread
+from flows.context_cache import reused_prefect_context
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.runner import ConnectedRayTaskRunner
 
@@ -45,6 +51,21 @@ class PlainRayTaskRunner(RayTaskRunner):
     def _run_prefect_task(*refs, **kwargs):
         try:
             return RayTaskRunner._run_prefect_task(*refs, **kwargs)
+        finally:
+            APILogHandler().flush()
+
+
+class ReusedBlockingRunner(ConnectedRayTaskRunner):
+    """Settings and client reused, logs and states sent before the result returns."""
+
+    def duplicate(self) -> ReusedBlockingRunner:
+        return type(self)()
+
+    @staticmethod
+    def _run_prefect_task(*refs, context, **kwargs):
+        try:
+            with reused_prefect_context(context) as reused:
+                return RayTaskRunner._run_prefect_task(*refs, context=reused, **kwargs)
         finally:
             APILogHandler().flush()
 
@@ -71,15 +92,41 @@ def timed(runner: TaskRunner, n: int) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.task_run_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     ensure_api_server()
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": worker_env()})
+    sides = {
+        "prefect_ray_ms": PlainRayTaskRunner,
+        "reused_blocking_ms": ReusedBlockingRunner,
+        "this_runner_ms": ConnectedRayTaskRunner,
+    }
+    rounds: dict[str, list[float]] = {name: [] for name in sides}
     try:
-        plain = timed(PlainRayTaskRunner(), args.tasks)
-        reused = timed(ConnectedRayTaskRunner(), args.tasks)
+        for _ in range(args.repeats):
+            for name, runner in sides.items():
+                rounds[name].append(timed(runner(), args.tasks))
+            print(json.dumps({name: ms[-1] for name, ms in rounds.items()}), flush=True)
     finally:
         ray.shutdown()
-    print(json.dumps({"prefect_ray_ms": plain, "this_runner_ms": reused, "ratio": round(plain / reused, 2)}))
+    for name, ms in rounds.items():
+        print(f"{name}: {spread(ms, '{:.1f}')}")
+    mid = {name: statistics.median(ms) for name, ms in rounds.items()}
+    print(
+        ratio_line(
+            "task run, prefect-ray / this runner",
+            [p / t for p, t in zip(rounds["prefect_ray_ms"], rounds["this_runner_ms"], strict=True)],
+            "none (diagnostic)",
+        )
+    )
+    print(
+        ratio_line(
+            "task run, reports before the result / in the background",
+            [b / t for b, t in zip(rounds["reused_blocking_ms"], rounds["this_runner_ms"], strict=True)],
+            "none (diagnostic)",
+        )
+    )
+    print(json.dumps({name: round(v, 1) for name, v in mid.items()}))
     return 0
 
 

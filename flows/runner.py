@@ -7,14 +7,28 @@ itself and the flow connects (and disconnects) through infra.system.RLSystem.
 
 from __future__ import annotations
 
-from prefect.logging.handlers import APILogHandler
+import logging
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+from prefect.context import FlowRunContext
 from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 
 from flows.context_cache import reused_prefect_context, serialize_settings_once
+from flows.reporting import send_reports_in_background, send_reports_now, wait_reported
+
+# task runs whose reports the flow waits for before Ray goes down: more than one iteration's
+REMEMBERED_TASK_RUNS = 32
 
 
 class ConnectedRayTaskRunner(RayTaskRunner):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recent: deque = deque(maxlen=REMEMBERED_TASK_RUNS)
+
     def __enter__(self):
         TaskRunner.__enter__(self)  # skip RayTaskRunner's ray.init: the flow body connects
         serialize_settings_once()
@@ -26,17 +40,48 @@ class ConnectedRayTaskRunner(RayTaskRunner):
     def duplicate(self) -> ConnectedRayTaskRunner:
         return type(self)()
 
+    def submit(self, task, parameters, wait_for=None, dependencies=None):
+        future = super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+        self.recent.append(future)
+        return future
+
+    def wait_reported(self, timeout_s: float = 30.0) -> list:
+        """Wait until the API holds the final state and last log of the recent task runs
+        that finished (flows/reporting.py); the ids still missing after `timeout_s`."""
+        futures = list(self.recent)
+        refs = [f.wrapped_future for f in futures]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        done_refs = set(done)
+        return wait_reported([f.task_run_id for f in futures if f.wrapped_future in done_refs], timeout_s)
+
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py), then the task run's logs sent before the result returns.
-
-        A Ray worker sends logs to the API from a background batch every few seconds; the
-        workers are killed at ray.shutdown, so without this a run's last task logs (and a
-        fast task's all) could be lost and the task run page would show none.
-        """
+        (flows/context_cache.py); then its logs and states go to the API in the background
+        if it completed, and before the result returns if not (flows/reporting.py)."""
+        completed = False
         try:
             with reused_prefect_context(context) as reused:
-                return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)
+                state = RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)
+            completed = state.is_completed()
+            return state
         finally:
-            APILogHandler().flush()
+            if completed:
+                send_reports_in_background()
+            else:
+                send_reports_now()
+
+
+@contextmanager
+def task_runs_reported(timeout_s: float = 30.0) -> Iterator[None]:
+    """On leaving (also by an error): wait until this flow run's recent task runs are
+    reported to the API, while the Ray workers that send the reports still live."""
+    try:
+        yield
+    finally:
+        runner = FlowRunContext.get().task_runner
+        if isinstance(runner, ConnectedRayTaskRunner):
+            try:
+                runner.wait_reported(timeout_s)
+            except Exception as e:  # noqa: BLE001 - must not hide the run's own error
+                logging.getLogger(__name__).warning("could not check the task runs' reports: %s", e)

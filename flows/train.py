@@ -22,7 +22,7 @@ from flows.ahead import GenerateAhead
 from flows.artifacts import RunArtifacts
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.results import persisted
-from flows.runner import ConnectedRayTaskRunner
+from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -61,7 +61,8 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         config, generate, train_step, train_critic, save, sync, evaluate
     )
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
-    with system as run, remote_options(num_cpus=0):
+    # leaving: the task runs' last logs and states reach the API before Ray stops the workers
+    with system as run, remote_options(num_cpus=0), task_runs_reported():
         # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies

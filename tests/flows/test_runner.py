@@ -1,26 +1,30 @@
 """The runner's override of prefect-ray's task body must really be what Ray runs, and the
 settings it reuses per process (flows/context_cache.py) must follow the flow's settings.
 
-`ConnectedRayTaskRunner._run_prefect_task` flushes a task run's logs before its result
-returns. prefect-ray submits `self._run_prefect_task`; if a prefect-ray release stops
-looking it up that way, the override silently stops applying and fast tasks' logs get lost
-at shutdown. The workers here batch logs to the API only once a minute, so the line can
-only arrive through the override's flush.
+`ConnectedRayTaskRunner._run_prefect_task` sends a task run's logs and states to the API
+(in the background when it completed, before its result when it failed), and the flow waits
+for them before Ray goes down (flows/reporting.py). prefect-ray submits
+`self._run_prefect_task`; if a prefect-ray release stops looking it up that way, the override
+silently stops applying and fast tasks' logs get lost at shutdown. The workers here batch
+logs to the API only once a minute, so the lines can only arrive through the override.
 """
 
 from __future__ import annotations
 
 import asyncio
+from uuid import uuid4
 
+import pytest
 import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterId
 from prefect.context import SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 
 from flows.prefect_api import worker_env
-from flows.runner import ConnectedRayTaskRunner
+from flows.reporting import wait_reported
+from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 
 MARK = "written-on-a-ray-worker"
 
@@ -39,14 +43,29 @@ def retries_setting() -> tuple[int, str]:
     return PREFECT_TASK_DEFAULT_RETRIES.value(), str(get_client(sync_client=True).api_url)
 
 
+@task(name="fail", retries=0)
+def fail() -> None:
+    get_run_logger().info(MARK)
+    raise ValueError("broken on purpose")
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
 def one_task() -> tuple[int, str, list]:
-    future = speak.submit()
-    seen = [retries_setting.submit().result()]
-    with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
+    with task_runs_reported():  # as flows/train.py: before Ray goes down
+        future = speak.submit()
+        seen = [retries_setting.submit().result()]
+        with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
+            seen.append(retries_setting.submit().result())
         seen.append(retries_setting.submit().result())
-    seen.append(retries_setting.submit().result())
-    return future.result(), str(future.task_run_id), seen
+        return future.result(), str(future.task_run_id), seen
+
+
+@flow(task_runner=ConnectedRayTaskRunner())
+def failing_task() -> tuple[str, list[str]]:
+    future = fail.submit()
+    future.wait()
+    # no waiting for reports here: a failed task run sends its logs before its result
+    return str(future.task_run_id), asyncio.run(_messages(str(future.task_run_id)))
 
 
 async def _messages(task_run_id: str) -> list[str]:
@@ -57,18 +76,45 @@ async def _messages(task_run_id: str) -> list[str]:
         return [log.message for log in logs]
 
 
-def test_override_flushes_worker_logs_before_the_result(prefect_api):
+async def _state(task_run_id: str) -> str:
+    async with get_client() as client:
+        (run,) = await client.read_task_runs(
+            task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))
+        )
+        return run.state.type.value
+
+
+@pytest.fixture
+def slow_log_batches(prefect_api):
     env = {**worker_env(), "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60"}
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
     try:
-        value, task_run_id, seen = one_task()
+        yield env
     finally:
         ray.shutdown()  # kills the worker: anything it had not sent is gone
+
+
+def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batches):
+    env = slow_log_batches
+    value, task_run_id, seen = one_task()
+    ray.shutdown()
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
+    assert asyncio.run(_state(task_run_id)) == "COMPLETED"
     # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
+
+
+def test_a_failed_task_run_sends_its_logs_before_its_result(slow_log_batches):
+    _, messages = failing_task()
+    assert MARK in messages
+    assert any(m.startswith("Finished in state Failed") for m in messages)
+
+
+def test_wait_reported_gives_up_on_task_runs_the_api_never_heard_of(prefect_api):
+    missing = uuid4()
+    assert wait_reported([missing], timeout_s=0.3) == [missing]
 
 
 def test_settings_are_serialized_once_per_context():

@@ -1,0 +1,97 @@
+"""Getting a task run's logs and states to the Prefect API without waiting for them.
+
+A task run on a Ray worker reports through two background services of Prefect's: logs in
+batches (every few seconds) and state changes as events. Ray kills its workers at shutdown
+without running exit hooks, so whatever a worker has not sent by then is lost: the UI would
+show the last task runs Running forever, without their logs.
+
+Stopping (draining) both services before a task run returns costs its result a round trip
+and the next task run two new API clients (a busy 2-core machine: ~0.1-0.3 s). Instead:
+- a completed task run returns at once; its worker drains the services in a thread and
+  starts them again for the next task run;
+- a task run that did not complete drains before it returns, so a failure's traceback and
+  logs are in the UI even if the run ends right after;
+- before Ray goes down, the flow waits until the API holds the final state and the closing
+  "Finished in state" log of every task run it submitted last (`wait_reported`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    LogFilter,
+    LogFilterTaskRunId,
+    LogFilterTextSearch,
+    TaskRunFilter,
+    TaskRunFilterId,
+)
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogHandler, APILogWorker
+from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+log = logging.getLogger(__name__)
+# Prefect's task engine logs this last, after the final state is set
+FINISHED = "Finished in state"
+
+
+def send_reports_now() -> None:
+    """Send everything this worker has queued (logs and events) and wait for it."""
+    # drains every Prefect queue service of the process: the log and the events workers
+    APILogHandler().flush()
+
+
+def send_reports_in_background() -> None:
+    """Send everything queued in a thread, then start the services again, warm."""
+
+    def send() -> None:
+        try:
+            APILogWorker.drain_all(timeout=10)
+            # the next task run finds both running instead of opening new clients itself
+            APILogWorker.instance()
+            EventsWorker.instance()
+        except Exception as e:  # noqa: BLE001 - a report lost must not fail the worker
+            log.warning("sending task run logs in the background failed: %s", e)
+
+    threading.Thread(target=send, name="prefect-report", daemon=True).start()
+
+
+def _logs_enabled() -> bool:
+    return bool(PREFECT_LOGGING_TO_API_ENABLED.value()) and logging.getLogger(
+        "prefect.task_runs"
+    ).isEnabledFor(logging.INFO)
+
+
+def _unreported(client, ids: list[UUID], want_logs: bool) -> list[UUID]:
+    runs = client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=ids)), limit=len(ids))
+    final = {r.id for r in runs if r.state is not None and r.state.is_final()}
+    if not want_logs:
+        return [i for i in ids if i not in final]
+    closing = LogFilter(
+        task_run_id=LogFilterTaskRunId(any_=ids), text=LogFilterTextSearch(query=f'"{FINISHED}"')
+    )
+    logs = client.read_logs(log_filter=closing, limit=4 * len(ids))
+    closed = {entry.task_run_id for entry in logs if entry.message.startswith(FINISHED)}
+    return [i for i in ids if i not in final or i not in closed]
+
+
+def wait_reported(task_run_ids: Iterable[UUID], timeout_s: float = 30.0) -> list[UUID]:
+    """Wait until the API holds the final state (and, with logs to the API on, the closing
+    log) of every given task run; the ids still missing after `timeout_s` (warned)."""
+    ids = list(dict.fromkeys(task_run_ids))
+    want_logs = _logs_enabled()
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while ids:
+            ids = _unreported(client, ids, want_logs)
+            if not ids or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    if ids:
+        log.warning("%d task runs not fully reported to the API after %.0f s: %s", len(ids), timeout_s, ids)
+    return ids
