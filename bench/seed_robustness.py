@@ -1,6 +1,6 @@
 """Run one config with several seeds, one run after another, and print how each learned.
 
-    python -m bench.seed_robustness [--config FILE] [--seeds 3] [--target 0.9] [--every 5] [overrides...]
+    python -m bench.seed_robustness [--config FILE] [--seeds 3] [--first 0] [--target 0.9] [--every 5] [overrides...]
 
 Seed index s shifts every seed of the run by s: the model init (`model.tiny.seed`), the
 trainer (`algorithm.seed`), sampling (`rollout.seed`) and the prompt order
@@ -100,7 +100,8 @@ def _fmt(value: float | None) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="YAML config (default: the embedded demo defaults)")
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (first..first+N-1)")
+    parser.add_argument("--first", type=int, default=0, help="first seed index")
     parser.add_argument("--target", type=float, default=0.9, help="reward and eval accuracy target")
     parser.add_argument("--every", type=int, default=5, help="curve table: every N iterations")
     parser.add_argument("overrides", nargs="*", help="key.path=value applied to every run")
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> int:
         f"machine: {os.cpu_count()} cores, {mem:.0f} GiB; config: {args.config or 'defaults'} {args.overrides}"
     )
     results = []
-    for s in range(args.seeds):
+    for s in range(args.first, args.first + args.seeds):
         wall, rows = run_seed(args.config, [*args.overrides, *seed_overrides(base, s)])
         res = {"seed": s, "wall_s": wall, **summarize(rows, args.target)}
         results.append(res)
