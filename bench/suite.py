@@ -48,6 +48,7 @@ BENCHES: list[Bench] = [
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),
+    Bench("bench.startup"),
     Bench("bench.loop_overhead"),
     Bench("bench.task_run_cost"),
     Bench("bench.seed_robustness", timeout_s=3600),

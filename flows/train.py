@@ -23,6 +23,7 @@ from flows.artifacts import RunArtifacts
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner
+from infra import startup
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -34,6 +35,8 @@ from tasks.save import save
 from tasks.sync import sync
 from tasks.train import train as train_step
 from tasks.train_critic import train_critic
+
+startup.mark("imports")
 
 # What a Ray worker imports to run a task run; loaded while the engines start, not during
 # the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
@@ -49,8 +52,10 @@ WORKER_IMPORTS = [
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
+    startup.mark("flow_run_started")
     # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
     checked = preflight(config)
+    startup.mark("preflight")
     for warning in checked.warnings:
         log.warning(warning)
     if checked.finished:
@@ -66,6 +71,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
+        startup.mark("restore")
         schedule = LoopSchedule.from_config(config, checked.num_train_prompts, start)
         log.info(
             "run %s: iterations %d..%d, mode %s",
@@ -76,6 +82,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         )
         report = RunArtifacts(config, start, schedule.num_rollout)
         sync_.submit(run, start).result()
+        startup.mark("first_sync")
 
         ahead = config.mode == "async"
         batches = GenerateAhead(lambda k, after: generate_.submit(run, k, wait_for=after))
@@ -84,6 +91,8 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         for k in range(start, schedule.num_rollout):
             t0, started = time.monotonic(), time.time()
             rollout = batches.take(k)
+            if k == start:  # where the time from the command to the first generate went
+                log.info("startup, seconds since the command: %s", run.record_startup(rollout))
             if ahead and schedule.has_next(k):
                 batches.submit(k + 1)
 
@@ -136,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
+    startup.mark("config")
     ensure_api_server()
+    startup.mark("prefect_api")
     state = train(config, return_state=True)
     return 0 if state.is_completed() else 1
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 import ray
 
+from infra import startup
 from infra.cluster.placement import PlacementLayout, plan_placement
 from infra.cluster.ray_cluster import (
     bundle_nodes,
@@ -74,6 +75,7 @@ class RLSystem:
         cfg = self.cfg
         layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
         self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
+        startup.mark("ray_connected")
         local = not cfg.cluster.ray_address
         store = RunStore(cfg.storage, cfg.run_name)
         opts = storage_options(cfg.storage)
@@ -81,26 +83,31 @@ class RLSystem:
         log.info("model: %s; run folder: %s", model_uri, store.run_uri)
         self.groups = create_placement_groups(layout)
         self._order_bundles(layout)
+        startup.mark("placement_groups")
 
         self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         urls = ray.get([e.start.remote(model_uri, opts) for e in self.engines])
         self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
         log.info("engines up: %s", urls)
+        startup.mark("engines_up")
 
         ranks = cfg.cluster.trainer.num_workers
         self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         addr, port = ray.get(self.trainers[0].master_address.remote())
         ray.get([t.setup.remote(model_uri, opts, addr, port) for t in self.trainers])
         self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
+        startup.mark("trainers_ready")
         if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
             n = cfg.cluster.critic.num_workers
             self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
             addr, port = ray.get(self.critics[0].master_address.remote())
             ray.get([c.setup.remote(model_uri, opts, addr, port) for c in self.critics])
             self.pids["critic_ranks"] = ray.get([c.pid.remote() for c in self.critics])
+            startup.mark("critics_ready")
 
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()
+        startup.mark("transport_open")
         # threaded: the trainers fetch batch k while generation of k+1 runs; with the engine
         # actors and the transport it restarts a failed engine and restores its weights
         manager = (
@@ -111,6 +118,7 @@ class RLSystem:
         self.actors.append(manager)
         # after the actors: Ray would otherwise hand the warmed workers to them
         ray.get(warm_workers(CONTROL_WORKERS + int(cfg.critic.enabled), self.warm_imports))
+        startup.mark("workers_warm")
         self.trackers = Trackers(cfg, store)
         return RunHandles(
             cfg=cfg,
