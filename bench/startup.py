@@ -1,10 +1,12 @@
 """Start-up time of the demo: from the command to the first generate, phase by phase.
 
-    python -m bench.startup [--repeats 3] [overrides...]
+    python -m bench.startup [--repeats 3] [--baseline GIT_REF] [overrides...]
 
 Runs `python -m flows.train num_rollout=1` (the demo's defaults, a fresh run folder each
 time) in a child process and reads the run's `startup.json` (infra/startup.py): the time
-each start-up phase ended. Every figure is seconds since this script launched the command,
+each start-up phase ended. With `--baseline`, the same command also runs from a checkout
+of that commit (which must write startup.json too), alternating with this code's runs so
+both see the same machine load. Every figure is seconds since this script launched the command,
 median (min, max) over the repeats; `step` is the median time since the run's previous
 mark, i.e. what the phase added. Phases that overlap end in an order of their own, so the
 table is ordered by median end time. The demo's own log goes to stderr.
@@ -19,17 +21,32 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from bench.common import spread
+from bench.common import ratio_line, spread
 from infra.config_files import load_config
 from infra.handles import STARTUP_FILE
 from infra.storage.fs import RunStore
 
+REPO = Path(__file__).resolve().parent.parent
 
-def run_once(overrides: list[str]) -> tuple[dict[str, float], float]:
-    """One demo run: each mark as seconds since the command, and the exit time."""
+
+def checkout(ref: str, into: Path) -> Path | None:
+    """The tree of commit `ref` in `into` (None when this repository lacks it)."""
+    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{ref}^{{commit}}"], check=False)
+    if known.returncode:
+        return None
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], stdout=subprocess.PIPE, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]:
+    """One demo run of the code in `code`: each mark as seconds since the command, and the exit time."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "flows.train", *overrides], stdout=sys.stderr, check=False)
+    cmd = [sys.executable, "-m", "flows.train", *overrides]
+    proc = subprocess.run(cmd, cwd=code, stdout=sys.stderr, check=False)
     exit_s = time.time() - t0
     if proc.returncode:
         raise SystemExit(f"the demo exited with {proc.returncode}")
@@ -40,24 +57,8 @@ def run_once(overrides: list[str]) -> tuple[dict[str, float], float]:
     return marks, exit_s
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("overrides", nargs="*", help="key.path=value settings for the demo")
-    args = ap.parse_args(argv)
-    runs, exits = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            overrides = [
-                "num_rollout=1",
-                "checkpoint.resume=fresh",
-                f"run_name=startup-{i}",
-                *args.overrides,
-                f"storage.uri={tmp}/run{i}",
-            ]
-            marks, exit_s = run_once(overrides)
-            runs.append(marks)
-            exits.append(exit_s)
+def report(name: str, runs: list[dict[str, float]], exits: list[float]) -> dict[str, list[float]]:
+    """Print one side's table; returns its headline figures."""
     steps = []  # per run: phase -> seconds since that run's previous mark
     for marks in runs:
         ordered = sorted(marks.items(), key=lambda item: item[1])
@@ -65,19 +66,62 @@ def main(argv: list[str]) -> int:
     phases = sorted(
         {p for m in runs for p in m}, key=lambda p: statistics.median(m[p] for m in runs if p in m)
     )
-    print(f"python -m flows.train num_rollout=1 {' '.join(args.overrides)}: {args.repeats} runs")
     print(
-        "phase ends at, seconds since the command: median (min, max, n); step = median time since the previous mark"
+        f"{name}: phase ends at, seconds since the command: median (min, max, n); step = median since the previous mark"
     )
     for phase in phases:
         ends = [m[phase] for m in runs if phase in m]
         step = statistics.median(s[phase] for s in steps if phase in s)
         print(f"  {phase:24s} {spread(ends, '{:.2f}')}  step {step:.2f}")
-    print(
-        f"command to first generate start: {spread([m['first_generate_started'] for m in runs], '{:.2f}')} s"
-    )
-    print(f"command to first generate end: {spread([m['first_generate_done'] for m in runs], '{:.2f}')} s")
-    print(f"command to exit: {spread(exits, '{:.2f}')} s")
+    heads = {
+        "command to first generate start": [m["first_generate_started"] for m in runs],
+        "command to first generate end": [m["first_generate_done"] for m in runs],
+        "command to exit": exits,
+    }
+    for label, values in heads.items():
+        print(f"{name}: {label}: {spread(values, '{:.2f}')} s")
+    print()
+    return heads
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", help="a commit to measure too, alternating with this code")
+    ap.add_argument("overrides", nargs="*", help="key.path=value settings for the demo")
+    args = ap.parse_args(argv)
+    print(f"python -m flows.train num_rollout=1 {' '.join(args.overrides)}: {args.repeats} runs per side")
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"this code": REPO}
+        if args.baseline:
+            base = checkout(args.baseline, Path(tmp) / "baseline")
+            if base is None:
+                print(f"baseline {args.baseline}: not in this repository, not measured")
+            else:
+                sides = {f"baseline {args.baseline[:10]}": base, **sides}
+        runs: dict[str, list] = {name: [] for name in sides}
+        for i in range(args.repeats):
+            for j, (name, code) in enumerate(sides.items()):
+                overrides = [
+                    "num_rollout=1",
+                    "checkpoint.resume=fresh",
+                    f"run_name=startup-{i}",
+                    *args.overrides,
+                    f"storage.uri={tmp}/run{i}-{j}",
+                ]
+                runs[name].append(run_once(overrides, code))
+    heads = {name: report(name, [r[0] for r in rs], [r[1] for r in rs]) for name, rs in runs.items()}
+    if len(heads) == 2:
+        (_, before), (_, after) = heads.items()
+        key = "command to first generate start"
+        ratios = [b / a for b, a in zip(before[key], after[key], strict=True)]
+        print(
+            ratio_line(
+                "startup, baseline / this code (command to first generate)",
+                ratios,
+                "first generate within 15 s",
+            )
+        )
     return 0
 
 

@@ -12,7 +12,9 @@ step behind the weights that train on it when update_weights_interval is 1 (with
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import threading
 import time
 
 from prefect import flow, get_run_logger
@@ -20,15 +22,15 @@ from prefect_ray.context import remote_options
 
 from flows.ahead import GenerateAhead
 from flows.artifacts import RunArtifacts
-from flows.prefect_api import ensure_api_server, worker_env
+from flows.prefect_api import ApiServerStart, worker_env
 from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner
 from infra import startup
+from infra.cluster.ray_cluster import CONTROL_RUNTIME_ENV, ray_session
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
 from infra.schedule import LoopSchedule
-from infra.system import RLSystem
 from tasks.evaluate import evaluate
 from tasks.generate import generate
 from tasks.save import save
@@ -48,6 +50,9 @@ WORKER_IMPORTS = [
     "tasks.train_critic",
 ]
 
+# What the flow's process imports for RLSystem.start; main() loads it beside Ray's start.
+PRELOAD = ["infra.system", "transformers.models.llama.modeling_llama", "transformers.tokenization_utils_fast"]
+
 
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
@@ -65,9 +70,12 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     generate_, train_, critic_, save_, sync_, eval_ = persisted(
         config, generate, train_step, train_critic, save, sync, evaluate
     )
+    from infra.system import RLSystem  # noqa: PLC0415 - torch & co: main() imports it beside Ray's start
+
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
-    with system as run, remote_options(num_cpus=0):
-        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
+    with system as run, remote_options(num_cpus=0, runtime_env=CONTROL_RUNTIME_ENV):
+        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them;
+        # their runtime env is the one their workers were warmed in
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
@@ -139,6 +147,13 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     return {"final": row, **outputs}
 
 
+def _preload() -> None:
+    """Import what the flow's start needs (actor classes, torch, the tiny model's builder)
+    while Ray starts; a later import of the same module waits for this one, never repeats it."""
+    for module in PRELOAD:
+        importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML file with RunConfig fields")
@@ -146,9 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup.mark("config")
-    ensure_api_server()
-    startup.mark("prefect_api")
-    state = train(config, return_state=True)
+    # Start-up work that does not depend on each other runs side by side: the Prefect API
+    # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.
+    api = ApiServerStart()
+    threading.Thread(target=_preload, daemon=True).start()
+    with ray_session(config, worker_env(api.url)):  # the flow's RLSystem uses this cluster
+        startup.mark("ray_connected")
+        with api.ready():
+            startup.mark("prefect_api")
+            state = train(config, return_state=True)
     return 0 if state.is_completed() else 1
 
 
