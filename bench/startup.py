@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,10 @@ def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]
     return marks, exit_s
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def report(name: str, runs: list[dict[str, float]], exits: list[float]) -> dict[str, list[float]]:
     """Print one side's table; returns its headline figures."""
     steps = []  # per run: phase -> seconds since that run's previous mark
@@ -91,6 +96,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="key.path=value settings for the demo")
     args = ap.parse_args(argv)
     print(f"python -m flows.train num_rollout=1 {' '.join(args.overrides)}: {args.repeats} runs per side")
+    # other work on the machine shifts every figure: its load is part of the result
+    print(f"load average (1, 5, 15 min) before the runs: {_load()}")
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"this code": REPO}
         if args.baseline:
@@ -110,6 +117,7 @@ def main(argv: list[str]) -> int:
                     f"storage.uri={tmp}/run{i}-{j}",
                 ]
                 runs[name].append(run_once(overrides, code))
+    print(f"load average (1, 5, 15 min) after the runs: {_load()}\n")
     heads = {name: report(name, [r[0] for r in rs], [r[1] for r in rs]) for name, rs in runs.items()}
     if len(heads) == 2:
         (_, before), (_, after) = heads.items()

@@ -58,7 +58,7 @@ PRELOAD = ["infra.system", "transformers.models.llama.modeling_llama", "transfor
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
     startup.mark("flow_run_started")
-    # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
+    # config, plug-ins, data, model, storage, run folder: all checked before any actor starts
     checked = preflight(config)
     startup.mark("preflight")
     for warning in checked.warnings:

@@ -92,6 +92,8 @@ class RLSystem:
         # the waits come after, engines first, so a failed engine is still the error raised.
         self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
         engine_urls = [e.start.remote(model_uri, opts) for e in self.engines]
+        if cfg.cluster.colocate:  # sharing devices: an engine sizes its memory before a trainer loads
+            ray.wait(engine_urls, num_returns=len(engine_urls))
         ranks = cfg.cluster.trainer.num_workers
         self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
         groups = [self.trainers]
