@@ -48,6 +48,8 @@ BENCHES: list[Bench] = [
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),
+    # the baseline: the commit before the start-up work (it writes the same timeline)
+    Bench("bench.startup", ["--baseline", "8079e422257f"]),
     Bench("bench.loop_overhead"),
     Bench("bench.task_run_cost"),
     Bench("bench.seed_robustness", timeout_s=3600),

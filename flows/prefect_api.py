@@ -2,40 +2,122 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL
+import httpx
+import prefect
+from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_settings, temporary_settings
 
+from infra.cluster.network import free_port
 from infra.rollout.client import API_KEY_ENV
 
+# Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
+STARTUP_TIMEOUT_S = 120
 
-def ensure_api_server() -> str:
+
+class ApiServerStart:
     """Use the configured API, or start a local one that Ray workers can reach.
 
     Prefect's in-process ephemeral API is invisible to other processes, so task runs on
-    Ray workers would log nowhere; a subprocess server on loopback is shared by all.
+    Ray workers would log nowhere; a subprocess server on loopback is shared by all. It is
+    the server Prefect's own `SubprocessASGIServer` runs, launched here without importing
+    Prefect's server package into this process (seconds of imports the flow never uses),
+    and not waited for: `url` is known at once, so the caller can start Ray meanwhile, and
+    `ready()` waits until the server answers.
     """
-    url = PREFECT_API_URL.value()
-    if url:
-        return url
-    # the local server has no network to report usage to; don't let it try
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer()
-    # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
-    server.start(timeout=120)
-    os.environ["PREFECT_API_URL"] = server.api_url
-    return server.api_url
+
+    def __init__(self) -> None:
+        self.url: str = PREFECT_API_URL.value() or ""
+        self.proc: subprocess.Popen | None = None
+        if not self.url:
+            port = free_port("127.0.0.1")
+            self.url = f"http://127.0.0.1:{port}/api"
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)),
+                    *("--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"),
+                    *("--port", str(port), "--log-level", "error", "--lifespan", "on"),
+                ],
+                env={
+                    **os.environ,
+                    # the local server has no network to report usage to; don't let it try
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get(
+                        "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
+                    ),
+                    "PREFECT_UI_ENABLED": "0",
+                    "PREFECT__SERVER_EPHEMERAL": "1",
+                    "PREFECT__SERVER_FINAL": "1",
+                    **get_current_settings().to_environment_variables(exclude_unset=True),
+                },
+            )
+            atexit.register(self.stop)
+
+    def wait(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:
+        """The API URL once it answers; also set as PREFECT_API_URL for this process's children."""
+        if self.proc is not None:
+            deadline = time.monotonic() + timeout_s
+            with httpx.Client() as client:
+                while True:
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(f"the Prefect API server exited with code {self.proc.returncode}")
+                    try:
+                        if client.get(f"{self.url}/health", timeout=5).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"the Prefect API server at {self.url} did not answer in {timeout_s:.0f} s"
+                        )
+                    time.sleep(0.1)
+        os.environ["PREFECT_API_URL"] = self.url
+        return self.url
+
+    @contextmanager
+    def ready(self) -> Iterator[str]:
+        """Wait for the server, then make it this process's Prefect API (Prefect read its
+        settings at import, before the server existed)."""
+        url = self.wait()
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield url
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
 
 
-def worker_env() -> dict[str, str]:
+def ensure_api_server() -> str:
+    """The API URL, once a local server (if none is configured) answers; it becomes this
+    process's Prefect API for good (the server stops when the process exits)."""
+    api = ApiServerStart()
+    url = api.wait()
+    if api.proc is not None:
+        temporary_settings({PREFECT_API_URL: url}).__enter__()  # never left: for the process
+    return url
+
+
+def worker_env(api_url: str | None = None) -> dict[str, str]:
     """Environment of the run's Ray workers: the flow run's API (so task runs report to it)
     and a fresh per-run engine API key (engines answer only clients that send it)."""
-    url = PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL")
-    server = SubprocessASGIServer()
-    if not url and server.running:
-        url = server.api_url
+    url = api_url or PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL")
+    if not url:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()
+        url = server.api_url if server.running else None
     if not url:
         raise RuntimeError("no Prefect API URL: run through `python -m flows.train` or set PREFECT_API_URL")
     env = {"PREFECT_API_URL": url, API_KEY_ENV: secrets.token_urlsafe(24)}

@@ -12,7 +12,9 @@ step behind the weights that train on it when update_weights_interval is 1 (with
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import threading
 import time
 
 from prefect import flow, get_run_logger
@@ -20,20 +22,23 @@ from prefect_ray.context import remote_options
 
 from flows.ahead import GenerateAhead
 from flows.artifacts import RunArtifacts
-from flows.prefect_api import ensure_api_server, worker_env
+from flows.prefect_api import ApiServerStart, worker_env
 from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
+from infra import startup
+from infra.cluster.ray_cluster import CONTROL_RUNTIME_ENV, ray_session
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
 from infra.schedule import LoopSchedule
-from infra.system import RLSystem
 from tasks.evaluate import evaluate
 from tasks.generate import generate
 from tasks.save import save
 from tasks.sync import sync
 from tasks.train import train as train_step
 from tasks.train_critic import train_critic
+
+startup.mark("imports")
 
 # What a Ray worker imports to run a task run; loaded while the engines start, not during
 # the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
@@ -45,12 +50,17 @@ WORKER_IMPORTS = [
     "tasks.train_critic",
 ]
 
+# What the flow's process imports for RLSystem.start; main() loads it beside Ray's start.
+PRELOAD = ["infra.system", "transformers.models.llama.modeling_llama", "transformers.tokenization_utils_fast"]
+
 
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
-    # config, plug-ins, data, model, storage, run folder: all checked before Ray starts
+    startup.mark("flow_run_started")
+    # config, plug-ins, data, model, storage, run folder: all checked before any actor starts
     checked = preflight(config)
+    startup.mark("preflight")
     for warning in checked.warnings:
         log.warning(warning)
     if checked.finished:
@@ -60,13 +70,17 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     generate_, train_, critic_, save_, sync_, eval_ = persisted(
         config, generate, train_step, train_critic, save, sync, evaluate
     )
+    from infra.system import RLSystem  # noqa: PLC0415 - torch & co: main() imports it beside Ray's start
+
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
     # leaving: the task runs' last logs and states reach the API before Ray stops the workers
-    with system as run, remote_options(num_cpus=0), task_runs_reported():
-        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them
+    with system as run, remote_options(num_cpus=0, runtime_env=CONTROL_RUNTIME_ENV), task_runs_reported():
+        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them;
+        # their runtime env is the one their workers were warmed in
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
+        startup.mark("restore")
         schedule = LoopSchedule.from_config(config, checked.num_train_prompts, start)
         log.info(
             "run %s: iterations %d..%d, mode %s",
@@ -77,6 +91,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         )
         report = RunArtifacts(config, start, schedule.num_rollout)
         sync_.submit(run, start).result()
+        startup.mark("first_sync")
 
         ahead = config.mode == "async"
         batches = GenerateAhead(lambda k, after: generate_.submit(run, k, wait_for=after))
@@ -85,6 +100,8 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         for k in range(start, schedule.num_rollout):
             t0, started = time.monotonic(), time.time()
             rollout = batches.take(k)
+            if k == start:  # where the time from the command to the first generate went
+                log.info("startup, seconds since the command: %s", run.record_startup(rollout))
             if ahead and schedule.has_next(k):
                 batches.submit(k + 1)
 
@@ -131,14 +148,29 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
     return {"final": row, **outputs}
 
 
+def _preload() -> None:
+    """Import what the flow's start needs (actor classes, torch, the tiny model's builder)
+    while Ray starts; a later import of the same module waits for this one, never repeats it."""
+    for module in PRELOAD:
+        importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML file with RunConfig fields")
     parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
-    ensure_api_server()
-    state = train(config, return_state=True)
+    startup.mark("config")
+    # Start-up work that does not depend on each other runs side by side: the Prefect API
+    # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.
+    api = ApiServerStart()
+    threading.Thread(target=_preload, daemon=True).start()
+    with ray_session(config, worker_env(api.url)):  # the flow's RLSystem uses this cluster
+        startup.mark("ray_connected")
+        with api.ready():
+            startup.mark("prefect_api")
+            state = train(config, return_state=True)
     return 0 if state.is_completed() else 1
 
 

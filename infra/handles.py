@@ -3,12 +3,14 @@ loop step. Each method blocks on the actors and returns a small dict (never tens
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import ray
 
+from infra import startup
 from infra.config import RunConfig
 from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore, storage_options
@@ -17,6 +19,8 @@ from infra.storage.run_folder import resume_point
 from infra.tracking import Trackers
 from infra.trainer.rank_calls import get_ranks
 from infra.weights.transport import WeightTransport
+
+STARTUP_FILE = "startup.json"  # in the run folder: where the start-up time went (see infra.startup)
 
 
 @dataclass
@@ -44,7 +48,22 @@ class RunHandles:
         return [*self.trainers, *self.critics]
 
     def generate(self, rollout_id: int) -> dict:
-        return ray.get(self.manager.generate.remote(rollout_id))
+        started = time.time()  # on the task's worker: when this generate really began
+        summary = ray.get(self.manager.generate.remote(rollout_id))
+        return {**summary, "time_generate_started_unix": started, "time_generate_ended_unix": time.time()}
+
+    def record_startup(self, first_rollout: dict) -> dict[str, float]:
+        """Driver side: mark the first generate, write the start-up timeline to the run
+        folder (`startup.json`) and return it (phase -> seconds since the process started)."""
+        startup.mark("first_generate_started", at=first_rollout["time_generate_started_unix"])
+        startup.mark("first_generate_done", at=first_rollout["time_generate_ended_unix"])
+        report = {
+            "seconds_since_process_start": startup.timeline(),
+            "process_start_unix": startup.PROCESS_START_UNIX,
+            "marks_unix": startup.marks_unix(),
+        }
+        self.store.write_text(STARTUP_FILE, json.dumps(report, indent=1))
+        return report["seconds_since_process_start"]
 
     def train(self, rollout_id: int) -> dict:
         # The batch goes manager -> object store -> every rank; the ref never leaves Ray.

@@ -1,4 +1,4 @@
-"""Everything about a run that can be checked before Ray starts, checked then.
+"""Everything about a run that can be checked before any actor starts, checked then.
 
 `preflight(cfg)` runs in the flow before `RLSystem` starts anything: the reward plug-in
 imports (where the Ray workers will import it too), the data files exist and hold the

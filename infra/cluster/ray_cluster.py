@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import ModuleType
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from infra.cluster.placement import PlacementLayout, Slot, bundle_order, local_cluster_cpus
+from infra.cluster.placement import PlacementLayout, Slot, bundle_order, local_cluster_cpus, plan_placement
+from infra.config import RunConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 CODE_PACKAGES = ("infra", "flows", "tasks")
+# The runtime env of the control tasks (Prefect task runs on Ray) and of the workers warmed
+# for them. Ray reuses a worker only for work of the same runtime env, so this marker keeps
+# the warmed workers for the control tasks; the job's env (code path, API URL) still applies
+# underneath (Ray merges a task's env_vars into the job's).
+CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
 
 
 def code_modules() -> list[ModuleType]:
@@ -76,6 +83,24 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
             _system_config={"num_workers_soft_limit": layout.num_processes + 4},
         )
     return True
+
+
+def connect_ray(cfg: RunConfig, env: Mapping[str, str]) -> bool:
+    """`connect` for a run: the local cluster sized for the run's placement."""
+    layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
+    return connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, env)
+
+
+@contextmanager
+def ray_session(cfg: RunConfig, env: Mapping[str, str]) -> Iterator[None]:
+    """Ray for the run, started before the flow (beside other start-up work) and stopped
+    after it: a run's `RLSystem` then uses the cluster as it finds it."""
+    owns = connect_ray(cfg, env)
+    try:
+        yield
+    finally:
+        if owns and ray.is_initialized():
+            ray.shutdown()
 
 
 def create_placement_groups(layout: PlacementLayout, timeout_s: float = 120) -> dict[str, PlacementGroup]:
@@ -156,6 +181,8 @@ def warm_workers(count: int, modules: list[str]) -> list[ray.ObjectRef]:
 
     The loop runs generate(k+1) and train(k) at the same time on two workers; a cold
     worker spends seconds importing Prefect, which would serialize the first iterations.
+    They run in CONTROL_RUNTIME_ENV, as the control tasks must, so they can be warmed while
+    the actors start: Ray never hands a worker of another runtime env to an actor.
     """
-    task = ray.remote(num_cpus=0)(_import_and_wait)
+    task = ray.remote(num_cpus=0)(_import_and_wait).options(runtime_env=CONTROL_RUNTIME_ENV)
     return [task.remote(modules, 1.0) for _ in range(count)]

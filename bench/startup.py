@@ -1,0 +1,137 @@
+"""Start-up time of the demo: from the command to the first generate, phase by phase.
+
+    python -m bench.startup [--repeats 3] [--baseline GIT_REF] [overrides...]
+
+Runs `python -m flows.train num_rollout=1` (the demo's defaults, a fresh run folder each
+time) in a child process and reads the run's `startup.json` (infra/startup.py): the time
+each start-up phase ended. With `--baseline`, the same command also runs from a checkout
+of that commit (which must write startup.json too), alternating with this code's runs so
+both see the same machine load. Every figure is seconds since this script launched the command,
+median (min, max) over the repeats; `step` is the median time since the run's previous
+mark, i.e. what the phase added. Phases that overlap end in an order of their own, so the
+table is ordered by median end time. The demo's own log goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import ratio_line, spread
+from infra.config_files import load_config
+from infra.handles import STARTUP_FILE
+from infra.storage.fs import RunStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkout(ref: str, into: Path) -> Path | None:
+    """The tree of commit `ref` in `into` (None when this repository lacks it)."""
+    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{ref}^{{commit}}"], check=False)
+    if known.returncode:
+        return None
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], stdout=subprocess.PIPE, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]:
+    """One demo run of the code in `code`: each mark as seconds since the command, and the exit time."""
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "flows.train", *overrides]
+    proc = subprocess.run(cmd, cwd=code, stdout=sys.stderr, check=False)
+    exit_s = time.time() - t0
+    if proc.returncode:
+        raise SystemExit(f"the demo exited with {proc.returncode}")
+    cfg = load_config(None, overrides)
+    report = json.loads(RunStore(cfg.storage, cfg.run_name).read_text(STARTUP_FILE))
+    marks = {"process_started": report["process_start_unix"] - t0}
+    marks.update({phase: at - t0 for phase, at in report["marks_unix"].items()})
+    return marks, exit_s
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def report(name: str, runs: list[dict[str, float]], exits: list[float]) -> dict[str, list[float]]:
+    """Print one side's table; returns its headline figures."""
+    steps = []  # per run: phase -> seconds since that run's previous mark
+    for marks in runs:
+        ordered = sorted(marks.items(), key=lambda item: item[1])
+        steps.append({p: at - (ordered[i - 1][1] if i else 0.0) for i, (p, at) in enumerate(ordered)})
+    phases = sorted(
+        {p for m in runs for p in m}, key=lambda p: statistics.median(m[p] for m in runs if p in m)
+    )
+    print(
+        f"{name}: phase ends at, seconds since the command: median (min, max, n); step = median since the previous mark"
+    )
+    for phase in phases:
+        ends = [m[phase] for m in runs if phase in m]
+        step = statistics.median(s[phase] for s in steps if phase in s)
+        print(f"  {phase:24s} {spread(ends, '{:.2f}')}  step {step:.2f}")
+    heads = {
+        "command to first generate start": [m["first_generate_started"] for m in runs],
+        "command to first generate end": [m["first_generate_done"] for m in runs],
+        "command to exit": exits,
+    }
+    for label, values in heads.items():
+        print(f"{name}: {label}: {spread(values, '{:.2f}')} s")
+    print()
+    return heads
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", help="a commit to measure too, alternating with this code")
+    ap.add_argument("overrides", nargs="*", help="key.path=value settings for the demo")
+    args = ap.parse_args(argv)
+    print(f"python -m flows.train num_rollout=1 {' '.join(args.overrides)}: {args.repeats} runs per side")
+    # other work on the machine shifts every figure: its load is part of the result
+    print(f"load average (1, 5, 15 min) before the runs: {_load()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"this code": REPO}
+        if args.baseline:
+            base = checkout(args.baseline, Path(tmp) / "baseline")
+            if base is None:
+                print(f"baseline {args.baseline}: not in this repository, not measured")
+            else:
+                sides = {f"baseline {args.baseline[:10]}": base, **sides}
+        runs: dict[str, list] = {name: [] for name in sides}
+        for i in range(args.repeats):
+            for j, (name, code) in enumerate(sides.items()):
+                overrides = [
+                    "num_rollout=1",
+                    "checkpoint.resume=fresh",
+                    f"run_name=startup-{i}",
+                    *args.overrides,
+                    f"storage.uri={tmp}/run{i}-{j}",
+                ]
+                runs[name].append(run_once(overrides, code))
+    print(f"load average (1, 5, 15 min) after the runs: {_load()}\n")
+    heads = {name: report(name, [r[0] for r in rs], [r[1] for r in rs]) for name, rs in runs.items()}
+    if len(heads) == 2:
+        (_, before), (_, after) = heads.items()
+        key = "command to first generate start"
+        ratios = [b / a for b, a in zip(before[key], after[key], strict=True)]
+        print(
+            ratio_line(
+                "startup, baseline / this code (command to first generate)",
+                ratios,
+                "first generate within 15 s",
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
