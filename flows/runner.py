@@ -7,11 +7,11 @@ itself and the flow connects (and disconnects) through infra.system.RLSystem.
 
 from __future__ import annotations
 
-from prefect.logging.handlers import APILogHandler
 from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 
 from flows.context_cache import reused_prefect_context, serialize_settings_once
+from flows.worker_logs import flush_task_logs
 
 
 class ConnectedRayTaskRunner(RayTaskRunner):
@@ -39,4 +39,4 @@ class ConnectedRayTaskRunner(RayTaskRunner):
             with reused_prefect_context(context) as reused:
                 return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)
         finally:
-            APILogHandler().flush()
+            flush_task_logs()  # not APILogHandler().flush() alone: see flows/worker_logs.py

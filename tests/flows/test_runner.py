@@ -39,14 +39,29 @@ def retries_setting() -> tuple[int, str]:
     return PREFECT_TASK_DEFAULT_RETRIES.value(), str(get_client(sync_client=True).api_url)
 
 
+@task(name="held-services")
+def held_services() -> tuple[int, int, int]:
+    # what a worker keeps after its task runs: Prefect queue services alive, exit hooks held
+    import gc
+    import os
+    import threading
+
+    from prefect._internal.concurrency.services import _QueueServiceBase
+
+    gc.collect()
+    alive = sum(isinstance(o, _QueueServiceBase) for o in gc.get_objects())
+    return os.getpid(), alive, len(threading._threading_atexits)
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
-def one_task() -> tuple[int, str, list]:
+def one_task() -> tuple[int, str, list, list]:
     future = speak.submit()
     seen = [retries_setting.submit().result()]
     with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
         seen.append(retries_setting.submit().result())
     seen.append(retries_setting.submit().result())
-    return future.result(), str(future.task_run_id), seen
+    held = [held_services.submit().result() for _ in range(8)]
+    return future.result(), str(future.task_run_id), seen, held
 
 
 async def _messages(task_run_id: str) -> list[str]:
@@ -61,7 +76,7 @@ def test_override_flushes_worker_logs_before_the_result(prefect_api):
     env = {**worker_env(), "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60"}
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
     try:
-        value, task_run_id, seen = one_task()
+        value, task_run_id, seen, held = one_task()
     finally:
         ray.shutdown()  # kills the worker: anything it had not sent is gone
     assert value == 7
@@ -69,6 +84,14 @@ def test_override_flushes_worker_logs_before_the_result(prefect_api):
     # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
+    # every flush stops the worker's log and events services and the next task run starts
+    # new ones: the stopped ones must not pile up (they once held ~2 MB per task run)
+    by_worker: dict[int, list] = {}
+    for pid, alive, hooks in held:
+        by_worker.setdefault(pid, []).append((alive, hooks))
+    pid, counts = max(by_worker.items(), key=lambda kv: len(kv[1]))
+    assert len(counts) >= 4, by_worker
+    assert counts[-1] == counts[1], f"worker {pid}: (services, exit hooks) per task run {counts}"
 
 
 def test_settings_are_serialized_once_per_context():
