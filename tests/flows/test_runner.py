@@ -85,7 +85,7 @@ def test_override_flushes_worker_logs_before_the_result(prefect_api):
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
     # every flush stops the worker's log and events services and the next task run starts
-    # new ones: the stopped ones must not pile up (they once held ~2 MB per task run)
+    # new ones: the stopped ones must not pile up (they once held 1-2 MB per task run)
     by_worker: dict[int, list] = {}
     for pid, alive, hooks in held:
         by_worker.setdefault(pid, []).append((alive, hooks))
