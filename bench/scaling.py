@@ -68,7 +68,7 @@ def run(over: dict[str, str], iterations: int, sample_pss: bool = False) -> tupl
     with tempfile.TemporaryDirectory() as tmp:
         name = f"scaling-{int(time.time())}"
         args = [f"{k}={v}" for k, v in settings.items()] + [f"storage.uri={tmp}", f"run_name={name}"]
-        marks = [iterations - 1] if sample_pss else []
+        marks = [iterations - 3] if sample_pss else []  # not during the last save and shutdown
         columns = watch_flow(args, Path(tmp) / name, marks)
         rows = [json.loads(line) for line in (Path(tmp) / name / METRICS_FILE).read_text().splitlines()]
     steps = [r for r in rows if "time_iteration_s" in r and 2 <= r["rollout_id"] < iterations]
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         ],
     )
     table("Rollout engines (cluster.engines.num_workers)", "engines", [("1", base), ("2", two_engines)])
-    print(f"\nPSS in MiB (processes) by role, base run at iteration {n - 1}:")
+    print(f"\nPSS in MiB (processes) by role, base run after iteration {n - 3}:")
     print_roles({"base run": pss})
     print(f"\nbench wall time {time.monotonic() - t0:.0f} s")
     return 0
