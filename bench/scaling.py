@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         ],
     )
     table("Rollout engines (cluster.engines.num_workers)", "engines", [("1", base), ("2", two_engines)])
-    print(f"\nPSS in MiB (processes) by role, base run after iteration {n - 3}:")
+    print(f"\nPSS in MiB (processes) by role, base run after {n - 3} iterations:")
     print_roles({"base run": pss})
     print(f"\nbench wall time {time.monotonic() - t0:.0f} s")
     return 0
