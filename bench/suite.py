@@ -53,6 +53,8 @@ BENCHES: list[Bench] = [
     Bench("bench.loop_overhead"),
     Bench("bench.task_run_cost"),
     Bench("bench.seed_robustness", timeout_s=3600),
+    Bench("bench.memory_growth"),
+    Bench("bench.scaling"),
 ]
 
 

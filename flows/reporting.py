@@ -13,6 +13,14 @@ and the next task run two new API clients (a busy 2-core machine: ~0.1-0.3 s). I
   logs are in the UI even if the run ends right after;
 - before Ray goes down, the flow waits until the API holds the final state and the closing
   "Finished in state" log of every task run it submitted last (`wait_reported`).
+
+Draining stops *every* Prefect queue service of the process (they share one registry): the
+log worker and the events worker with its websocket. A stopped service stays referenced by
+the exit hooks it registered when it started (threading's pre-shutdown hooks, the global
+event loop's shutdown calls), so a long-lived Ray worker kept every one of them: about 2 MB
+per task run (bench/memory_growth.py). After each drain the stopped services' hooks are
+dropped (`release_stopped_services`); this reads private attributes of `threading` and of
+Prefect, which tests/flows/test_runner.py checks still hold.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import time
 from collections.abc import Iterable
 from uuid import UUID
 
+from prefect._internal.concurrency.services import _QueueServiceBase
+from prefect._internal.concurrency.threads import get_global_loop
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     LogFilter,
@@ -40,10 +50,34 @@ log = logging.getLogger(__name__)
 FINISHED = "Finished in state"
 
 
+def _stopped_service(fn: object) -> bool:
+    """Is fn a bound method (or a partial of one) of a stopped Prefect queue service?"""
+    fn = getattr(fn, "func", fn)  # threading wraps its hooks in functools.partial
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, _QueueServiceBase) and owner._stopped
+
+
+def release_stopped_services() -> int:
+    """Drop the exit hooks of stopped queue services (nothing is left for them to do: a
+    drain already waited on their work); returns how many hooks went."""
+    hooks = threading._threading_atexits  # type: ignore[attr-defined]
+    kept = [h for h in hooks if not _stopped_service(h)]
+    dropped = len(hooks) - len(kept)
+    hooks[:] = kept
+    loop = get_global_loop()
+    calls = [c for c in loop._on_shutdown if not _stopped_service(c.fn)]
+    dropped += len(loop._on_shutdown) - len(calls)
+    loop._on_shutdown = calls
+    return dropped
+
+
 def send_reports_now() -> None:
     """Send everything this worker has queued (logs and events) and wait for it."""
-    # drains every Prefect queue service of the process: the log and the events workers
-    APILogHandler().flush()
+    try:
+        # drains every Prefect queue service of the process: the log and the events workers
+        APILogHandler().flush()
+    finally:
+        release_stopped_services()
 
 
 def send_reports_in_background() -> None:
@@ -52,6 +86,7 @@ def send_reports_in_background() -> None:
     def send() -> None:
         try:
             APILogWorker.drain_all(timeout=10)
+            release_stopped_services()
             # the next task run finds both running instead of opening new clients itself
             APILogWorker.instance()
             EventsWorker.instance()

@@ -27,6 +27,10 @@ from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, 
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
+# Summaries of the latest rollouts kept for a retried generate task (the flow is at most
+# one rollout ahead of training); older ones go, or a long run keeps one dict per iteration.
+KEEP_SUMMARIES = 4
+
 
 def _plain(value):
     # parquet hands back numpy arrays and scalars; the trainer expects Python lists/numbers
@@ -280,7 +284,14 @@ class RolloutManager:
         with self._lock:
             self._batches[batch.rollout_id] = batch
             self._summaries[batch.rollout_id] = summary
+            for old in [k for k in self._summaries if k <= batch.rollout_id - KEEP_SUMMARIES]:
+                del self._summaries[old]
         return summary
+
+    def held(self) -> dict[str, int]:
+        """How many rollouts' batches and summaries the manager holds (bounded over a run)."""
+        with self._lock:
+            return {"batches": len(self._batches), "summaries": len(self._summaries)}
 
     def has_batch(self, rollout_id: int) -> bool:
         with self._lock:

@@ -49,15 +49,30 @@ def fail() -> None:
     raise ValueError("broken on purpose")
 
 
+@task(name="held-services")
+def held_services() -> tuple[int, int, int]:
+    # what a worker keeps after its task runs: Prefect queue services alive, exit hooks held
+    import gc
+    import os
+    import threading
+
+    from prefect._internal.concurrency.services import _QueueServiceBase
+
+    gc.collect()
+    alive = sum(isinstance(o, _QueueServiceBase) for o in gc.get_objects())
+    return os.getpid(), alive, len(threading._threading_atexits)
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
-def one_task() -> tuple[int, str, list]:
+def one_task() -> tuple[int, str, list, list]:
     with task_runs_reported():  # as flows/train.py: before Ray goes down
         future = speak.submit()
         seen = [retries_setting.submit().result()]
         with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
             seen.append(retries_setting.submit().result())
         seen.append(retries_setting.submit().result())
-        return future.result(), str(future.task_run_id), seen
+        held = [held_services.submit().result() for _ in range(8)]
+        return future.result(), str(future.task_run_id), seen, held
 
 
 @flow(task_runner=ConnectedRayTaskRunner())
@@ -96,7 +111,7 @@ def slow_log_batches(prefect_api):
 
 def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batches):
     env = slow_log_batches
-    value, task_run_id, seen = one_task()
+    value, task_run_id, seen, held = one_task()
     ray.shutdown()
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
@@ -104,6 +119,16 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batch
     # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
+    # every task run's reports stop the worker's log and events services and new ones start:
+    # the stopped ones must not pile up (they once held 1-2 MB per task run, two services and
+    # their hooks each time). A report still being sent in the background may hold one more.
+    by_worker: dict[int, list] = {}
+    for pid, alive, hooks in held:
+        by_worker.setdefault(pid, []).append((alive, hooks))
+    pid, counts = max(by_worker.items(), key=lambda kv: len(kv[1]))
+    assert len(counts) >= 4, by_worker
+    (alive_early, hooks_early), (alive_late, hooks_late) = counts[1], counts[-1]
+    assert alive_late <= alive_early + 2 and hooks_late <= hooks_early + 2, f"worker {pid}: {counts}"
 
 
 def test_a_failed_task_run_sends_its_logs_before_its_result(slow_log_batches):

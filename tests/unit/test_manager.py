@@ -10,7 +10,7 @@ from infra.cluster.network import free_port
 from infra.config import RunConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.rollout.manager import RolloutManager
+from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.storage.fs import RunStore
 
 
@@ -140,3 +140,14 @@ def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
     again = manager(engines, tmp_path / "again", rollout=rollout)
     again.generate(0)
     assert [s.response_ids for s in again.get_batch(0).samples] == [s.response_ids for s in samples]
+
+
+def test_held_rollouts_stay_bounded_over_many_iterations(engines, tmp_path):
+    m = manager(engines, tmp_path, rollout={"prompts_per_rollout": 2, "n_samples_per_prompt": 2})
+    for k in range(12):
+        summary = m.generate(k)
+        assert m.generate(k) is summary  # the latest rollout's retry still finds its summary
+        m.release(k)  # the actor trained on it (no critic): its batch goes
+    held = m.held()
+    assert held["batches"] == 0
+    assert held["summaries"] <= KEEP_SUMMARIES < 12
