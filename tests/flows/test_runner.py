@@ -58,6 +58,9 @@ def held_services() -> tuple[int, int, int]:
 
     from prefect._internal.concurrency.services import _QueueServiceBase
 
+    for thread in threading.enumerate():  # the earlier task runs' reports, still being sent
+        if thread.name == "prefect-report":
+            thread.join(timeout=10)
     gc.collect()
     alive = sum(isinstance(o, _QueueServiceBase) for o in gc.get_objects())
     return os.getpid(), alive, len(threading._threading_atexits)
@@ -121,7 +124,7 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batch
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
     # every task run's reports stop the worker's log and events services and new ones start:
     # the stopped ones must not pile up (they once held 1-2 MB per task run, two services and
-    # their hooks each time). A report still being sent in the background may hold one more.
+    # their hooks each time).
     by_worker: dict[int, list] = {}
     for pid, alive, hooks in held:
         by_worker.setdefault(pid, []).append((alive, hooks))
