@@ -165,11 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     # Start-up work that does not depend on each other runs side by side: the Prefect API
     # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.
     api = ApiServerStart()
-    threading.Thread(target=_preload, daemon=True).start()
+    preload = threading.Thread(target=_preload, daemon=True)
+    preload.start()
     with ray_session(config, worker_env(api.url)):  # the flow's RLSystem uses this cluster
         startup.mark("ray_connected")
         with api.ready():
             startup.mark("prefect_api")
+            # done before the flow imports the same packages: transformers' lazy module, imported
+            # from two threads at once, can hand one of them a half-initialised name (ImportError)
+            preload.join()
             state = train(config, return_state=True)
     return 0 if state.is_completed() else 1
 
