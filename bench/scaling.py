@@ -41,21 +41,13 @@ KEYS = ("time_iteration_s", "time_generate_s", "time_train_s", "time_sync_s")
 def parameters(over: dict[str, str]) -> int:
     """Parameter count of the built-in model with these model.tiny.* settings."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from infra.config import TinyModelConfig
-    from infra.model.tiny import build_char_tokenizer
+    from infra.model.tiny import build_char_tokenizer, tiny_llama_config
 
     tiny = TinyModelConfig(**{k.removeprefix("model.tiny."): int(v) for k, v in over.items()})
-    cfg = LlamaConfig(
-        vocab_size=len(build_char_tokenizer()),
-        hidden_size=tiny.hidden_size,
-        intermediate_size=tiny.intermediate_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_heads,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(tiny, build_char_tokenizer())
     with torch.device("meta"):
         return sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
 

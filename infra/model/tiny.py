@@ -30,13 +30,11 @@ def build_char_tokenizer():
     )
 
 
-def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig) -> Path:
-    """Write a freshly initialised tiny Llama and its tokenizer to `out_dir`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(cfg: TinyModelConfig, tokenizer):
+    """The transformers config of the built-in model for these settings and tokenizer."""
+    from transformers import LlamaConfig
 
-    tokenizer = build_char_tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -50,6 +48,15 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig) -> Path:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
+
+
+def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig) -> Path:
+    """Write a freshly initialised tiny Llama and its tokenizer to `out_dir`."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = tiny_llama_config(cfg, tokenizer)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(config)
     out = Path(out_dir)
