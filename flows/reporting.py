@@ -42,7 +42,7 @@ from prefect.client.schemas.filters import (
     TaskRunFilterId,
 )
 from prefect.events.worker import EventsWorker
-from prefect.logging.handlers import APILogHandler, APILogWorker
+from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
 log = logging.getLogger(__name__)
@@ -71,13 +71,18 @@ def release_stopped_services() -> int:
     return dropped
 
 
-def send_reports_now() -> None:
-    """Send everything this worker has queued (logs and events) and wait for it."""
+def _drain(timeout_s: float) -> None:
+    """Send what every Prefect queue service of the process holds (they share one registry:
+    the log and the events workers), stop them, and free the stopped ones."""
     try:
-        # drains every Prefect queue service of the process: the log and the events workers
-        APILogHandler().flush()
+        APILogWorker.drain_all(timeout=timeout_s)
     finally:
         release_stopped_services()
+
+
+def send_reports_now() -> None:
+    """Send everything this worker has queued (logs and events) and wait for it."""
+    _drain(timeout_s=5)  # what APILogHandler().flush() allows from a thread without a loop
 
 
 def send_reports_in_background() -> None:
@@ -85,8 +90,7 @@ def send_reports_in_background() -> None:
 
     def send() -> None:
         try:
-            APILogWorker.drain_all(timeout=10)
-            release_stopped_services()
+            _drain(timeout_s=10)
             # the next task run finds both running instead of opening new clients itself
             APILogWorker.instance()
             EventsWorker.instance()

@@ -15,7 +15,7 @@ from infra import startup
 from infra.cluster.placement import PlacementLayout, plan_placement
 from infra.cluster.ray_cluster import (
     bundle_nodes,
-    connect_ray,
+    connect,
     create_placement_groups,
     ordered_bundles,
     remove_groups,
@@ -74,7 +74,8 @@ class RLSystem:
     def start(self) -> RunHandles:
         cfg = self.cfg
         layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
-        self.owns_ray = connect_ray(cfg, self.worker_env)  # False when the command started Ray
+        # False when the command started Ray
+        self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
         startup.mark("ray_connected")
         # the control tasks' workers import Prefect while everything else starts (their own
         # runtime env keeps Ray from handing them to the actors)
