@@ -1,24 +1,26 @@
 """Getting a task run's logs and states to the Prefect API without waiting for them.
 
 A task run on a Ray worker reports through two background services of Prefect's: logs in
-batches (every few seconds) and state changes as events. Ray kills its workers at shutdown
-without running exit hooks, so whatever a worker has not sent by then is lost: the UI would
-show the last task runs Running forever, without their logs.
+batches (every `PREFECT_LOGGING_TO_API_BATCH_INTERVAL`, 2 s by default) and state changes
+as events. Ray kills its workers at shutdown without running exit hooks, so whatever a
+worker has not sent by then is lost: the UI would show the last task runs Running forever,
+without their logs.
 
-Stopping (draining) both services before a task run returns costs its result a round trip
-and the next task run two new API clients (a busy 2-core machine: ~0.1-0.3 s). Instead:
-- a completed task run returns at once; its worker drains the services in a thread and
-  starts them again for the next task run;
-- a task run that did not complete drains before it returns, so a failure's traceback and
-  logs are in the UI even if the run ends right after;
-- before Ray goes down, the flow waits until the API holds the final state and the closing
+- A completed task run returns at once and its worker's services keep running: its logs
+  go with the next batch, its states as events. Stopping (draining) the services after
+  every task run, to send at once, made the next task run start them again with two new
+  API clients; each one builds an SSL context from the CA bundle, and a profile of the demo
+  loop's workers found that the largest part of their CPU.
+- A task run that did not complete drains before it returns, so a failure's traceback and
+  logs are in the UI even if the run ends right after.
+- Before Ray goes down, the flow waits until the API holds the final state and the closing
   "Finished in state" log of every task run it submitted last (`wait_reported`).
 
 Draining stops *every* Prefect queue service of the process (they share one registry): the
 log worker and the events worker with its websocket. A stopped service stays referenced by
 the exit hooks it registered when it started (threading's pre-shutdown hooks, the global
 event loop's shutdown calls), so a long-lived Ray worker kept every one of them: about 2 MB
-per task run (bench/memory_growth.py). After each drain the stopped services' hooks are
+per drain (bench/memory_growth.py). After each drain the stopped services' hooks are
 dropped (`release_stopped_services`); this reads private attributes of `threading` and of
 Prefect, which tests/flows/test_runner.py checks still hold.
 """
@@ -41,7 +43,6 @@ from prefect.client.schemas.filters import (
     TaskRunFilter,
     TaskRunFilterId,
 )
-from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
@@ -83,21 +84,6 @@ def _drain(timeout_s: float) -> None:
 def send_reports_now() -> None:
     """Send everything this worker has queued (logs and events) and wait for it."""
     _drain(timeout_s=5)  # what APILogHandler().flush() allows from a thread without a loop
-
-
-def send_reports_in_background() -> None:
-    """Send everything queued in a thread, then start the services again, warm."""
-
-    def send() -> None:
-        try:
-            _drain(timeout_s=10)
-            # the next task run finds both running instead of opening new clients itself
-            APILogWorker.instance()
-            EventsWorker.instance()
-        except Exception as e:  # noqa: BLE001 - a report lost must not fail the worker
-            log.warning("sending task run logs in the background failed: %s", e)
-
-    threading.Thread(target=send, name="prefect-report", daemon=True).start()
 
 
 def _logs_enabled() -> bool:

@@ -18,7 +18,7 @@ from prefect.task_runners import TaskRunner
 from prefect_ray import RayTaskRunner
 
 from flows.context_cache import reused_prefect_context, serialize_settings_once
-from flows.reporting import send_reports_in_background, send_reports_now, wait_reported
+from flows.reporting import send_reports_now, wait_reported
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
 REMEMBERED_TASK_RUNS = 32
@@ -57,8 +57,8 @@ class ConnectedRayTaskRunner(RayTaskRunner):
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py); then its logs and states go to the API in the background
-        if it completed, and before the result returns if not (flows/reporting.py)."""
+        (flows/context_cache.py). A completed task run's logs and states go to the API with
+        the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
         completed = False
         try:
             with reused_prefect_context(context) as reused:
@@ -66,9 +66,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
             completed = state.is_completed()
             return state
         finally:
-            if completed:
-                send_reports_in_background()
-            else:
+            if not completed:
                 send_reports_now()
 
 

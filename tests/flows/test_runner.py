@@ -1,17 +1,20 @@
 """The runner's override of prefect-ray's task body must really be what Ray runs, and the
 settings it reuses per process (flows/context_cache.py) must follow the flow's settings.
 
-`ConnectedRayTaskRunner._run_prefect_task` sends a task run's logs and states to the API
-(in the background when it completed, before its result when it failed), and the flow waits
-for them before Ray goes down (flows/reporting.py). prefect-ray submits
+`ConnectedRayTaskRunner._run_prefect_task` sends a failed task run's logs and states to the
+API before its result; a completed one's go with the worker's next log batch, and the flow
+waits for them before Ray goes down (flows/reporting.py). prefect-ray submits
 `self._run_prefect_task`; if a prefect-ray release stops looking it up that way, the override
-silently stops applying and fast tasks' logs get lost at shutdown. The workers here batch
-logs to the API only once a minute, so the lines can only arrive through the override.
+silently stops applying and a failure's logs can be lost when the run ends right after it.
+The workers of that test batch logs to the API only once a minute, so the lines can only
+arrive through the override.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from uuid import uuid4
 
 import pytest
@@ -58,9 +61,6 @@ def held_services() -> tuple[int, int, int]:
 
     from prefect._internal.concurrency.services import _QueueServiceBase
 
-    for thread in threading.enumerate():  # the earlier task runs' reports, still being sent
-        if thread.name == "prefect-report":
-            thread.join(timeout=10)
     gc.collect()
     alive = sum(isinstance(o, _QueueServiceBase) for o in gc.get_objects())
     return os.getpid(), alive, len(threading._threading_atexits)
@@ -69,12 +69,12 @@ def held_services() -> tuple[int, int, int]:
 @flow(task_runner=ConnectedRayTaskRunner())
 def one_task() -> tuple[int, str, list, list]:
     with task_runs_reported():  # as flows/train.py: before Ray goes down
-        future = speak.submit()
         seen = [retries_setting.submit().result()]
         with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
             seen.append(retries_setting.submit().result())
         seen.append(retries_setting.submit().result())
         held = [held_services.submit().result() for _ in range(8)]
+        future = speak.submit()  # the last: Ray goes down right after it
         return future.result(), str(future.task_run_id), seen, held
 
 
@@ -102,9 +102,9 @@ async def _state(task_run_id: str) -> str:
         return run.state.type.value
 
 
-@pytest.fixture
-def slow_log_batches(prefect_api):
-    env = {**worker_env(), "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60"}
+@contextmanager
+def ray_workers(**env: str) -> Iterator[dict]:
+    env = {**worker_env(), **env}
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
     try:
         yield env
@@ -112,8 +112,20 @@ def slow_log_batches(prefect_api):
         ray.shutdown()  # kills the worker: anything it had not sent is gone
 
 
-def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batches):
-    env = slow_log_batches
+@pytest.fixture
+def prefect_log_batches(prefect_api):
+    with ray_workers() as env:  # Prefect's own batch interval
+        yield env
+
+
+@pytest.fixture
+def slow_log_batches(prefect_api):
+    with ray_workers(PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60") as env:
+        yield env
+
+
+def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_batches):
+    env = prefect_log_batches
     value, task_run_id, seen, held = one_task()
     ray.shutdown()
     assert value == 7
@@ -122,9 +134,8 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(slow_log_batch
     # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
-    # every task run's reports stop the worker's log and events services and new ones start:
-    # the stopped ones must not pile up (they once held 1-2 MB per task run, two services and
-    # their hooks each time).
+    # a worker's log and events services must not pile up over its task runs (stopped ones
+    # once held 1-2 MB per task run, two services and their hooks each time)
     by_worker: dict[int, list] = {}
     for pid, alive, hooks in held:
         by_worker.setdefault(pid, []).append((alive, hooks))
