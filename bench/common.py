@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
@@ -15,3 +19,15 @@ def spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
 def ratio_line(name: str, ratios: Sequence[float], goal: str) -> str:
     """The one line the results file quotes: the ratio's median, min and max, and its goal."""
     return f"RATIO {name}: {spread(ratios, '{:.2f}x')}; goal {goal}"
+
+
+def checkout(ref: str, into: Path) -> Path | None:
+    """The tree of commit `ref` in `into` (None when this repository lacks it), to run a
+    baseline side by side with this code."""
+    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{ref}^{{commit}}"], check=False)
+    if known.returncode:
+        return None
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], stdout=subprocess.PIPE, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into

@@ -1,7 +1,11 @@
 """The loop's orchestration overhead: run the demo for N iterations and print the medians
 of its per-iteration timings from the run's metrics.jsonl.
 
-    python -m bench.loop_overhead [--iterations 30] [overrides...]
+    python -m bench.loop_overhead [--iterations 30] [--repeats 1] [--baseline GIT_REF] [overrides...]
+
+With `--baseline`, the same run also goes from a checkout of that commit, alternating with
+this code's runs so both see the same machine load, and the ratios of the two sides' medians
+are printed per repeat.
 
 Per iteration (the first, which waits for the first generate, is left out):
   overhead = iteration - max(generate, train + sync) - eval
@@ -21,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.common import REPO, checkout, ratio_line, spread
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
@@ -62,30 +68,57 @@ def save_iterations(iterations: int, overrides: list[str]) -> set[int]:
     return {k for k in range(iterations) if schedule.save_after(k)}
 
 
+def run_once(iterations: int, overrides: list[str], code: Path) -> dict:
+    """One demo run of the code in `code`; its summary (the demo's own log goes to stderr)."""
+    with tempfile.TemporaryDirectory() as root:
+        settings = [f"num_rollout={iterations}", f"storage.uri={root}", "run_name=loop-overhead", *overrides]
+        t0 = time.monotonic()
+        rc = subprocess.call([sys.executable, "-m", "flows.train", *settings], cwd=code, stdout=sys.stderr)
+        wall = time.monotonic() - t0
+        if rc:
+            raise SystemExit(f"the demo ({code}) exited with {rc}")
+        run = Path(root) / "loop-overhead"
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    return {"wall_s": round(wall, 1), **summarize(rows, save_iterations(iterations, settings))}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loop_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--baseline", help="a commit to measure too, alternating with this code")
     parser.add_argument("overrides", nargs="*", help="key.path=value settings for the demo config")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as root:
-        cmd = [
-            sys.executable,
-            "-m",
-            "flows.train",
-            f"num_rollout={args.iterations}",
-            f"storage.uri={root}",
-            "run_name=loop-overhead",
-            *args.overrides,
-        ]
-        t0 = time.monotonic()
-        rc = subprocess.call(cmd)
-        wall = time.monotonic() - t0
-        run = Path(root) / "loop-overhead"
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    saved = save_iterations(args.iterations, cmd[3:])
-    result = {"exit_code": rc, "wall_s": round(wall, 1), **summarize(rows, saved)}
-    print(json.dumps(result))
-    return rc
+    print(f"demo, {args.iterations} iterations, {args.repeats} run(s) per side {' '.join(args.overrides)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"this code": REPO}
+        if args.baseline:
+            base = checkout(args.baseline, Path(tmp) / "baseline")
+            if base is None:
+                print(f"baseline {args.baseline}: not in this repository, not measured")
+            else:
+                sides = {f"baseline {args.baseline[:10]}": base, **sides}
+        runs: dict[str, list[dict]] = {name: [] for name in sides}
+        for _ in range(args.repeats):
+            for name, code in sides.items():
+                runs[name].append(run_once(args.iterations, args.overrides, code))
+                print(f"{name}: {json.dumps(runs[name][-1])}", flush=True)
+    for name, results in runs.items():
+        for key in ("iteration_s", "generate_s", "train_s", "sync_s", "overhead_s", "overlap_efficiency"):
+            print(f"{name}: {key:20s} {spread([r[key] for r in results])}")
+    mine = runs["this code"]
+    print(ratio_line("loop overlap efficiency, this code", [r["overlap_efficiency"] for r in mine], ">= 0.9"))
+    if len(runs) == 2:
+        before = next(iter(runs.values()))
+        pairs = list(zip(before, mine, strict=True))
+        print(
+            ratio_line(
+                "loop orchestration overhead per iteration, baseline / this code",
+                [b["overhead_s"] / a["overhead_s"] for b, a in pairs],
+                "this code's overhead <= 0.1 s",
+            )
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -24,23 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ratio_line, spread
+from bench.common import REPO, checkout, ratio_line, spread
 from infra.config_files import load_config
 from infra.handles import STARTUP_FILE
 from infra.storage.fs import RunStore
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def checkout(ref: str, into: Path) -> Path | None:
-    """The tree of commit `ref` in `into` (None when this repository lacks it)."""
-    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{ref}^{{commit}}"], check=False)
-    if known.returncode:
-        return None
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], stdout=subprocess.PIPE, check=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
 
 
 def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]:
