@@ -23,6 +23,7 @@ import time
 from bench.common import ratio_line, spread
 from infra.config import RunConfig
 from infra.config_files import load_config
+from infra.preflight import preflight
 from infra.rollout.client import API_KEY_ENV
 from infra.schedule import LoopSchedule
 from infra.storage.fs import RunStore
@@ -38,9 +39,10 @@ async def drive(cfg: RunConfig) -> None:
     def later(fn, *args) -> asyncio.Task:
         return asyncio.create_task(asyncio.to_thread(fn, *args))
 
+    checked = preflight(cfg)  # as the flow: the same checks, and the train rows' count
     with RLSystem(cfg, {API_KEY_ENV: secrets.token_urlsafe(24)}) as run:
         start = run.restore()
-        schedule = LoopSchedule.from_config(cfg, run.ends_epoch, start)
+        schedule = LoopSchedule.from_config(cfg, checked.num_train_prompts, start)
         await asyncio.to_thread(run.sync, start)
         ahead = cfg.mode == "async"
         future, ready = later(run.generate, start), None
@@ -66,7 +68,8 @@ async def drive(cfg: RunConfig) -> None:
             if schedule.save_after(k):
                 if future is not None:
                     ready, future = await future, None
-                await asyncio.to_thread(run.save, k, schedule.export_hf_after(k))
+                # as the flow: the writes overlap the next iterations, except the last save's
+                await asyncio.to_thread(run.save, k, schedule.export_hf_after(k), not schedule.is_last(k))
 
 
 def _run_flow(cfg: RunConfig) -> None:
