@@ -23,6 +23,10 @@ class GenerateAhead:
     def submit(self, rollout_id: int) -> None:
         self._future = self._submit(rollout_id, self._last)
 
+    def in_flight(self) -> list[PrefectFuture]:
+        """The generate task run in flight, if any (for a task run that must start after it)."""
+        return [self._future] if self._future is not None else []
+
     def drain(self) -> None:
         """Wait the generation in flight, if any; its batch is kept for the next `take`."""
         if self._future is not None:

@@ -52,7 +52,9 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         refs = [f.wrapped_future for f in futures]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         done_refs = set(done)
-        return wait_reported([f.task_run_id for f in futures if f.wrapped_future in done_refs], timeout_s)
+        # a task run that never ran (its upstream failed: NotReady) has no final state to wait for
+        ended = [f.task_run_id for f in futures if f.wrapped_future in done_refs and _final(f.wrapped_future)]
+        return wait_reported(ended, timeout_s)
 
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
@@ -68,6 +70,13 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         finally:
             if not completed:
                 send_reports_now()
+
+
+def _final(ref: ray.ObjectRef) -> bool:
+    try:
+        return ray.get(ref, timeout=0).is_final()
+    except Exception:  # noqa: BLE001 - the worker died: whatever it reported is all there is
+        return False
 
 
 @contextmanager

@@ -110,14 +110,21 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             # ppo: the critic trains beside the actor; the actor sits out critic-only iterations
             critic = critic_.submit(run, k) if config.critic.enabled else None
             actor = train_.submit(run, k) if schedule.actor_trains(k) else None
+            trained = [f for f in (critic, actor) if f is not None]
+            # the sync's task run starts now and waits on its worker for training and for the
+            # batch generated ahead (no generation may be in flight while weights change): its
+            # own start-up overlaps training. Colocated, the engines first get their devices back.
+            synced = None
+            if schedule.sync_after(k) and not config.cluster.colocate:
+                synced = sync_.submit(run, k + 1, wait_for=trained + batches.in_flight())
             row = {**rollout, **released, "time_train_s": 0.0}
-            for trained in (critic, actor):
-                row.update(trained.result() if trained is not None else {})
+            for future in trained:
+                row.update(future.result())
             if config.cluster.colocate:
                 row.update(run.resume_engines())
             if schedule.sync_after(k):
-                batches.drain()  # no generation may be in flight while weights change
-                row.update(sync_.submit(run, k + 1).result())
+                batches.drain()
+                row.update((synced or sync_.submit(run, k + 1)).result())
             if schedule.eval_after(k):
                 result = eval_.submit(run, k).result()
                 report.evaluated(k, result)

@@ -22,7 +22,7 @@ import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterId
-from prefect.context import SettingsContext
+from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 
 from flows.prefect_api import worker_env
@@ -78,12 +78,22 @@ def one_task() -> tuple[int, str, list, list]:
         return future.result(), str(future.task_run_id), seen, held
 
 
+@task(name="after-fail")
+def after_fail() -> None:
+    pass
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
-def failing_task() -> tuple[str, list[str]]:
+def failing_task() -> tuple[str, list[str], list]:
     future = fail.submit()
+    never_runs = after_fail.submit(wait_for=[future])  # as the loop's sync waits on its train
     future.wait()
+    never_runs.wait()
     # no waiting for reports here: a failed task run sends its logs before its result
-    return str(future.task_run_id), asyncio.run(_messages(str(future.task_run_id)))
+    messages = asyncio.run(_messages(str(future.task_run_id)))
+    # the flow's final wait: the failed run is reported, the one that never ran has nothing to wait for
+    missing = FlowRunContext.get().task_runner.wait_reported(timeout_s=5)
+    return str(future.task_run_id), messages, missing
 
 
 async def _messages(task_run_id: str) -> list[str]:
@@ -146,9 +156,10 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
 
 
 def test_a_failed_task_run_sends_its_logs_before_its_result(slow_log_batches):
-    _, messages = failing_task()
+    _, messages, missing = failing_task()
     assert MARK in messages
     assert any(m.startswith("Finished in state Failed") for m in messages)
+    assert missing == []
 
 
 def test_wait_reported_gives_up_on_task_runs_the_api_never_heard_of(prefect_api):
