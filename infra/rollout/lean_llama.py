@@ -9,8 +9,9 @@ between batches, so they act on it as before). Per step it does only the arithme
 (stored transposed) and values sit in tensors preallocated for the whole batch, the
 padding mask is one additive tensor built once, the RoPE tables are computed once for
 every position the batch reaches, and attention is two batched matmuls that group the
-query heads by their key/value head (no repeat for GQA).
-It gives the same logits as the HF forward (a unit test compares them); models it does not
+query heads by their key/value head (no repeat for GQA). Small float32 models also get
+each layer's q/k/v projections and its gate/up projections fused into one matmul each
+(`FUSE_MAX_BYTES`). It gives the same logits as the HF forward (a unit test compares them); models it does not
 cover exactly (biases, rope scaling, sliding windows, other architectures) use the HF path.
 """
 

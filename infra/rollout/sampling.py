@@ -147,11 +147,11 @@ def sample_batch(
         else _HFDecoder(model, mask)
     )
     # a row's draws come from its own generator only, all of them up front: one call per
-    # row instead of one per row and token
+    # row instead of one per row and token; [step, row], so a step's draws are contiguous
     uniforms = None
     if isinstance(generator, list):
         uniforms = torch.stack(
-            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator]
+            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator], dim=1
         )
     # Every row's token and logprob of every step go into two tensors, read out once at the
     # end; per step only the rows that end are handled in Python. A row's output is its
@@ -164,6 +164,8 @@ def sample_batch(
     live = torch.ones(rows, dtype=torch.bool, device=device)
     stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
     steps = 0
+    # the position of every step's token, per row (one column per step)
+    next_positions = positions[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
         if should_abort is not None:
@@ -187,7 +189,7 @@ def sample_batch(
             tokens = scaled.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
-            row_draws = None if uniforms is None else uniforms[:, step]
+            row_draws = None if uniforms is None else uniforms[step]
             tokens = _draw(probs.cpu(), None if isinstance(generator, list) else generator, row_draws).to(
                 device
             )
@@ -206,7 +208,7 @@ def sample_batch(
         # finished rows go on with whatever they drew (their outputs are ignored); rows
         # never attend to each other, so this cannot change the live rows
         step_ids = tokens[:, None]
-        step_positions = positions[:, -1:] + step + 1
+        step_positions = next_positions[:, step : step + 1]
     ids_list = out_ids[:steps].t().tolist()
     logprobs_list = out_logprobs[:steps].t().tolist()
     return [
