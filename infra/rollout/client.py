@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 
 # The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
 API_KEY_ENV = "PRL_ENGINE_API_KEY"
@@ -55,8 +56,9 @@ class EngineClient:
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
         try:
-            data = resp.json()
-        except ValueError:
+            # orjson: a /generate answer is mostly logprob floats, which it reads ~2x faster
+            data = orjson.loads(resp.content)
+        except ValueError:  # orjson.JSONDecodeError included
             data = resp.text
         if resp.is_error or (isinstance(data, dict) and data.get("success") is False):
             raise EngineError(

@@ -2,7 +2,7 @@
 
 All sequences of one request run as one batch: prompts are left-padded (so every row's
 next token sits in the last column), prefilled once, then decoded one token per step
-while the KV cache grows. Finished rows keep being fed a pad token (their outputs are
+while the KV cache grows. Finished rows keep being fed tokens (their outputs are
 ignored) so the batch keeps its shape; rows never attend to each other, so this cannot
 change the live rows.
 """
@@ -140,56 +140,78 @@ def sample_batch(
     greedy = temperature < GREEDY_TEMPERATURE
 
     ids, mask, positions = _left_pad(prompts, pad_id, device)
-    # a row that meets no stop token and is not aborted ends by length
-    outs = [SampleOut(finish_reason={"type": "length", "length": max_new_tokens}) for _ in prompts]
-    live = torch.ones(len(prompts), dtype=torch.bool)
+    rows = len(prompts)
     decode = (
         LeanLlamaDecoder(model, mask, max_new_tokens)
         if lean_llama.supports(model)
         else _HFDecoder(model, mask)
     )
     # a row's draws come from its own generator only, all of them up front: one call per
-    # row instead of one per row and token
+    # row instead of one per row and token; [step, row], so a step's draws are contiguous
     uniforms = None
     if isinstance(generator, list):
         uniforms = torch.stack(
-            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator]
+            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator], dim=1
         )
+    # Every row's token and logprob of every step go into two tensors, read out once at the
+    # end; per step only the rows that end are handled in Python. A row's output is its
+    # first `lengths[row]` steps.
+    out_ids = torch.empty(max_new_tokens, rows, dtype=torch.long, device=device)
+    out_logprobs = torch.empty(max_new_tokens, rows, dtype=torch.float32, device=device)
+    lengths = [max_new_tokens] * rows
+    # a row that meets no stop token and is not aborted ends by length
+    reasons: list[dict] = [{"type": "length", "length": max_new_tokens} for _ in prompts]
+    live = torch.ones(rows, dtype=torch.bool, device=device)
+    stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
+    steps = 0
+    # the position of every step's token, per row (one column per step)
+    next_positions = positions[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
         if should_abort is not None:
-            for row, aborted in enumerate(should_abort()):
-                if aborted and live[row]:
-                    outs[row].finish_reason = {"type": "abort"}
-                    live[row] = False
-            if not live.any():
-                return outs
+            flags = should_abort()
+            if any(flags):
+                for row, aborted in enumerate(flags):
+                    if aborted and reasons[row]["type"] == "length":  # not ended yet
+                        reasons[row] = {"type": "abort"}
+                        lengths[row] = step
+                        live[row] = False
+                if not live.any():
+                    break
         logits = decode(step_ids, step_positions).float()
         # The logprob is that of the unprocessed policy at the sampling temperature, not of
         # the top-k/top-p-truncated distribution: the trainer recomputes logprobs from the
         # plain model at this temperature, and the two must describe the same distribution
         # for importance ratios (and train/inference mismatch checks) to make sense.
-        scaled = logits if greedy else logits / temperature
+        scaled = logits if greedy or temperature == 1.0 else logits / temperature
         logprobs = torch.log_softmax(scaled, dim=-1)
         if greedy:
             tokens = scaled.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
-            row_draws = None if uniforms is None else uniforms[:, step]
+            row_draws = None if uniforms is None else uniforms[step]
             tokens = _draw(probs.cpu(), None if isinstance(generator, list) else generator, row_draws).to(
                 device
             )
-        token_logprobs = logprobs.gather(-1, tokens[:, None]).flatten().tolist()
-        for row, (token, lp) in enumerate(zip(tokens.tolist(), token_logprobs, strict=True)):
-            if not live[row]:
-                continue
-            outs[row].output_ids.append(token)
-            outs[row].logprobs.append(lp)
-            if token in stops:
-                outs[row].finish_reason = {"type": "stop", "matched": token}
-                live[row] = False
-        if not live.any():
-            break
-        step_ids = torch.where(live.to(device), tokens, pad_id)[:, None]
-        step_positions = positions[:, -1:] + step + 1
-    return outs
+        out_ids[step] = tokens
+        out_logprobs[step] = logprobs.gather(-1, tokens[:, None]).flatten()
+        steps = step + 1
+        if stop_ids is not None:
+            ended = torch.isin(tokens, stop_ids) & live
+            if ended.any():
+                for row in ended.nonzero().flatten().tolist():
+                    reasons[row] = {"type": "stop", "matched": int(tokens[row])}
+                    lengths[row] = step + 1
+                live &= ~ended
+                if not live.any():
+                    break
+        # finished rows go on with whatever they drew (their outputs are ignored); rows
+        # never attend to each other, so this cannot change the live rows
+        step_ids = tokens[:, None]
+        step_positions = next_positions[:, step : step + 1]
+    ids_list = out_ids[:steps].t().tolist()
+    logprobs_list = out_logprobs[:steps].t().tolist()
+    return [
+        SampleOut(output_ids=ids_list[row][:n], logprobs=logprobs_list[row][:n], finish_reason=reasons[row])
+        for row, n in enumerate(lengths)
+    ]

@@ -29,10 +29,11 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from infra.rollout import protocol as p
@@ -128,8 +129,12 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
             p.reply(o, len(pr), rid, version, req, isp, state.tokenizer)
             for o, (pr, isp), rid in zip(outs, rows, rids, strict=True)
         ]
-        # plain JSON types already: skip FastAPI's per-item encoder walk (~1 ms per 100 tokens)
-        return JSONResponse(replies[0] if single and n == 1 else replies)
+        # plain JSON types already: skip FastAPI's per-item encoder walk (~1 ms per 100 tokens),
+        # and write them with orjson, ~20x faster than the json module on the logprob floats
+        # (the same shortest round-trip text for every float)
+        return Response(
+            orjson.dumps(replies[0] if single and n == 1 else replies), media_type="application/json"
+        )
 
     @app.post("/init_weights_update_group")
     async def init_group(req: p.InitGroupReq):

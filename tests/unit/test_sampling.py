@@ -151,15 +151,18 @@ def test_per_row_draws_follow_the_distribution():
     torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)
 
 
-def test_lean_llama_decoder_gives_the_hf_forward_logits(model):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_lean_llama_decoder_gives_the_hf_forward_logits(model, fuse):
     """The built-in engine's lean decode step (Llama) against transformers' forward, on
-    left-padded prompts: prefill and every decode step, the same logits."""
+    left-padded prompts: prefill and every decode step, the same logits; with the layers'
+    matmuls fused (as for small float32 models) and with the module weights as they are."""
     from infra.rollout import lean_llama
     from infra.rollout.sampling import _HFDecoder, _left_pad
 
     assert lean_llama.supports(model)
+    assert lean_llama.should_fuse(model)  # the tiny model is small enough
     ids, mask, positions = _left_pad(PROMPTS, 0, torch.device("cpu"))
-    lean, hf = lean_llama.LeanLlamaDecoder(model, mask, 6), _HFDecoder(model, mask)
+    lean, hf = lean_llama.LeanLlamaDecoder(model, mask, 6, fuse=fuse), _HFDecoder(model, mask)
     step_ids, step_positions = ids, positions
     with torch.inference_mode():
         for step in range(6):
@@ -182,3 +185,29 @@ def test_models_the_lean_step_does_not_cover_use_the_hf_forward(tmp_path):
     assert not lean_llama.supports(biased)
     outs = sample_batch(biased, PROMPTS, max_new_tokens=3, eos_token_id=2, ignore_eos=True)
     assert [len(o.output_ids) for o in outs] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_lean_llama_decoder_with_grouped_kv_heads(tmp_path, fuse):
+    """Two query heads per key/value head (GQA): the lean step groups the queries of one
+    kv head into one matmul; its logits still match transformers' forward."""
+    from transformers import AutoModelForCausalLM
+
+    from infra.rollout import lean_llama
+    from infra.rollout.sampling import _HFDecoder, _left_pad
+
+    config = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, TinyModelConfig())).config
+    config.num_key_value_heads = config.num_attention_heads // 2
+    torch.manual_seed(0)
+    gqa = AutoModelForCausalLM.from_config(config).eval()
+    assert lean_llama.supports(gqa)
+    ids, mask, positions = _left_pad(PROMPTS, 0, torch.device("cpu"))
+    lean, hf = lean_llama.LeanLlamaDecoder(gqa, mask, 4, fuse=fuse), _HFDecoder(gqa, mask)
+    step_ids, step_positions = ids, positions
+    with torch.inference_mode():
+        for step in range(4):
+            torch.testing.assert_close(
+                lean(step_ids, step_positions), hf(step_ids, step_positions), atol=1e-5, rtol=1e-5
+            )
+            step_ids = torch.tensor([[9 + step], [41], [3]])
+            step_positions = positions[:, -1:] + step + 1
