@@ -2,31 +2,66 @@
 
 Rank 0 is rank 0 of a weight-update group with every engine rank. Per bucket it posts
 `/update_weights_from_distributed` (names, dtypes, shapes) to every engine and then
-broadcasts the tensors, in the engines' dtype, in the order of the names; the engines
-receive into buffers they allocate from the request. The whole sync runs inside an
-update session on servers that have them.
+broadcasts the bucket in the engines' dtype; the engines receive into buffers they
+allocate from the request. By default a bucket travels as one flat byte buffer
+(`load_format="flattened_bucket"`, which SGLang's engines accept on this route): one
+collective per bucket instead of one per tensor. The whole sync runs inside an update
+session on servers that have them.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from infra.weights.buckets import dtype_name
+from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout, update_sessions
-from infra.weights.group import broadcast, close_update_group, open_update_group
+from infra.weights.group import broadcast_async, close_update_group, open_update_group
+
+
+def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors cast to `dtype` and laid back to back in one new buffer, as bytes.
+
+    One copy per tensor, the cast included. All share one dtype, so every tensor's byte
+    offset is a multiple of its element size, as SGLang's receiver requires."""
+    if not tensors:
+        raise ValueError("pack: an empty bucket")
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        flat[offset : offset + n].view(tensor.shape).copy_(tensor)
+        offset += n
+    return flat.view(torch.uint8)
+
+
+@dataclass
+class PendingBucket:
+    """A bucket announced to the engines, whose tensors are still to be broadcast."""
+
+    names: list[str]
+    posts: list[Future]
 
 
 class BroadcastSender:
-    def __init__(self, links: list[EngineLink], group_name: str, timeout_s: float = 300):
+    def __init__(
+        self, links: list[EngineLink], group_name: str, timeout_s: float = 300, flatten: bool = True
+    ):
         self.links = links
         self.group_name = group_name
         self.timeout_s = timeout_s
+        self.flatten = flatten
         self.dtype = common_dtype(links)
         self.group: dist.ProcessGroup | None = None
+        # the engines' requests run here while this thread gathers and broadcasts
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(links)), thread_name_prefix="weight-post")
+        self.timings: defaultdict[str, float] = defaultdict(float)
 
     def open(self, address: str, port: int, backend: str) -> None:
         """Form the group: every engine's join request blocks until all ranks are in."""
@@ -68,12 +103,57 @@ class BroadcastSender:
             raise RuntimeError("weight sync before the weight-update group was opened")
         return update_sessions(self.links)
 
-    def send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
-        """Announce and broadcast one bucket to every engine; returns the bytes sent."""
+    def announce(self, names: list[str], shapes: list[list[int]], last: bool, version: str) -> PendingBucket:
+        """Post the bucket's `/update_weights_from_distributed` to every engine, in the
+        background, and return at once: names, dtypes and shapes are known before the
+        tensors are gathered, so the HTTP round trip overlaps the gathers. The engines then
+        wait in their receive until `transmit`. One bucket at a time: the next may be
+        announced only after this one's `transmit` returned (its receive would take ours)."""
+        if self.group is None:
+            raise RuntimeError("weight sync before the weight-update group was opened")
+        t0 = time.perf_counter()
+        dtypes = [dtype_name(self.dtype)] * len(names)
+        load_format = FLATTENED_BUCKET if self.flatten else None
+        posts = [
+            self._pool.submit(
+                link.client.update_weights_from_distributed,
+                names,
+                dtypes,
+                [list(s) for s in shapes],
+                self.group_name,
+                last,  # flush the engine's cache once, after the last bucket
+                version,
+                load_format,
+            )
+            for link in self.links
+        ]
+        self.timings["announce_s"] += time.perf_counter() - t0
+        return PendingBucket(names, posts)
+
+    def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The payload as it travels, in the engines' dtype: one flat byte buffer (SGLang's
+        `flattened_bucket` layout: the tensors' bytes back to back, in order) or the tensors
+        themselves. A fresh buffer each call, so the caller may keep it."""
+        t0 = time.perf_counter()
+        if self.flatten:
+            payload = [pack(tensors, self.dtype)]
+        else:
+            payload = [t.to(self.dtype).contiguous() for t in tensors]
+        self.timings["pack_s"] += time.perf_counter() - t0
+        return payload
+
+    def transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+        """Broadcast a prepared payload to the engines that `pending` announced it to, and
+        wait for their replies; returns the bytes sent."""
         try:
-            return self._send_bucket(names, tensors, last, version)
+            return self._transmit(pending, payload)
         except Exception as exc:
             raise self.peer_error("weight sync", exc) from exc
+
+    def send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
+        """Announce, prepare and broadcast one bucket of tensors; returns the bytes sent."""
+        pending = self.announce(names, [list(t.shape) for t in tensors], last, version)
+        return self.transmit(pending, self.prepare(tensors))
 
     def peer_error(self, what: str, exc: Exception) -> RuntimeError:
         """The error of a failed group step, naming the engines that no longer answer (a gloo
@@ -82,28 +162,30 @@ class BroadcastSender:
         who = f"engine {', '.join(dead)} not answering" if dead else f"engines {[k.url for k in self.links]}"
         return RuntimeError(f"{what} failed ({who}): {type(exc).__name__}: {exc}")
 
-    def _send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
-        sent = [t.to(self.dtype).contiguous() for t in tensors]
-        dtypes = [dtype_name(t.dtype) for t in sent]
-        shapes = [list(t.shape) for t in sent]
-        with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
-            posts = [
-                pool.submit(
-                    link.client.update_weights_from_distributed,
-                    names,
-                    dtypes,
-                    shapes,
-                    self.group_name,
-                    last,  # flush the engine's cache once, after the last bucket
-                    version,
-                )
-                for link in self.links
-            ]
-            for tensor in sent:
-                broadcast(self.group, tensor, src=0)
-            for post in posts:
-                post.result(timeout=self.timeout_s)
-        return sum(t.numel() * t.element_size() for t in sent)
+    def _transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+        for post in pending.posts:
+            if post.done():  # refused before its receive (e.g. 400): broadcasting would only hang
+                post.result()
+        t0 = time.perf_counter()
+        # all in flight at once, as SGLang's receiver posts them; waited in order
+        works = [broadcast_async(self.group, tensor, src=0) for tensor in payload]
+        for work in works:
+            work.wait()
+        t1 = time.perf_counter()
+        for post in pending.posts:
+            # the built-in engine reports its own phases; SGLang reports none ({})
+            for key, seconds in (post.result(timeout=self.timeout_s) or {}).items():
+                self.timings[f"engine_{key}"] += seconds
+        t2 = time.perf_counter()
+        self.timings["broadcast_s"] += t1 - t0
+        self.timings["reply_wait_s"] += t2 - t1
+        return sum(t.numel() * t.element_size() for t in payload)
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds spent per phase since the last call (rank 0's side, and the engines' own
+        receive and load where they report them, summed over engines)."""
+        out, self.timings = dict(self.timings), defaultdict(float)
+        return out
 
     def close(self) -> None:
         """Destroy the group on every engine, then here (each side tears down its own end)."""
@@ -116,5 +198,6 @@ class BroadcastSender:
         if self.group is not None:
             close_update_group(self.group)
             self.group = None
+        self._pool.shutdown(wait=False)
         if errors:
             raise RuntimeError(f"destroy_weights_update_group failed on {errors}")

@@ -22,6 +22,7 @@ from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.weights.broadcast import pack
 from infra.weights.engines import EngineLink, update_sessions
 from infra.weights.group import broadcast, open_update_group
 
@@ -184,6 +185,33 @@ def test_weight_update_over_group(client):
             )
         client.end_weight_update()
         assert torch.equal(torch.tensor(client.get_weights_by_name(PARAMS[1])), new[1])
+
+        # SGLang's flattened_bucket: one uint8 broadcast, the tensors' bytes back to back
+        flat_new = [torch.randn(64, 256), torch.randn(64)]
+        client.begin_weight_update()
+        shapes = [list(t.shape) for t in flat_new]
+        posted = pool.submit(
+            client.update_weights_from_distributed,
+            PARAMS,
+            ["float32"] * 2,
+            shapes,
+            group_name,
+            True,
+            "8",
+            "flattened_bucket",
+        )
+        broadcast(group, pack(flat_new, torch.float32), src=0)
+        timings = posted.result(timeout=60)
+        with pytest.raises(EngineError, match="load_format"):  # refused before any receive
+            client.update_weights_from_distributed(
+                PARAMS, ["float32"] * 2, shapes, group_name, True, "9", "x"
+            )
+        client.end_weight_update()
+        for name, tensor in zip(PARAMS, flat_new, strict=True):
+            assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor[:100])
+        assert client.model_info()["weight_version"] == "8"
+        # the engine's own phase times, from the reply's header (the body is SGLang's)
+        assert set(timings) == {"time_receive_s", "time_load_s"} and min(timings.values()) >= 0
 
     client.destroy_weights_update_group(group_name)
     client.begin_weight_update()
