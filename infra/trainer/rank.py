@@ -18,6 +18,7 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
 from infra.trainer.fsdp_rank import FSDPRank
+from infra.trainer.gather import gather_full
 from infra.trainer.parallelize import parallelize
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
@@ -157,7 +158,8 @@ class TrainerRank(FSDPRank):
         """Push all parameters to the engines; every rank must call it (gathers are collective).
 
         Per bucket, rank 0 announces it to the engines first (the HTTP request runs in the
-        background), then every rank gathers its tensors, then rank 0 broadcasts them."""
+        background), then one gather brings every rank's shards straight into rank 0's
+        payload (in the engines' dtype), then rank 0 broadcasts it."""
         if self.rank == 0 and self._sender is None:
             raise RuntimeError("update_weights before open_weight_group")
         start, nbytes = time.perf_counter(), 0
@@ -174,26 +176,26 @@ class TrainerRank(FSDPRank):
             phases["session_begin_s"] = time.perf_counter() - t0
             for i, names in enumerate(buckets):
                 shapes = [list(params[name].shape) for name in names]  # a DTensor's is the full shape
-                pending = None
+                pending = payload = outs = None
                 if sender is not None and failed is None:
                     last = i == len(buckets) - 1
                     try:
                         pending = sender.announce(names, shapes, last, str(weight_version))
+                        payload, outs = sender.allocate(shapes)
                     except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
                         failed = exc
                 t_gather = time.perf_counter()
-                tensors = [_full(params[name]) for name in names]
+                # every rank takes part; rank 0 gets the full values, cast, in the payload
+                gather_full([params[name] for name in names], outs if failed is None else None)
                 phases["gather_s"] += time.perf_counter() - t_gather
                 if pending is not None and failed is None:
                     try:
-                        payload = sender.prepare(tensors)
                         nbytes += sender.transmit(pending, payload)
                     except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
                         failed = exc  # the other ranks still gather every bucket: keep in step
                     else:
-                        if keep:  # a flat payload is a fresh buffer; tensors may be the params
-                            own = payload if sender.flatten else [t.clone() for t in payload]
-                            kept.append((names, shapes, own))
+                        if keep:  # a fresh buffer each bucket: kept as it is, no copy
+                            kept.append((names, shapes, payload))
             t_end = time.perf_counter()
         phases["session_end_s"] = time.perf_counter() - t_end
         if failed is not None:

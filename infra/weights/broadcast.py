@@ -25,20 +25,33 @@ from infra.weights.engines import EngineLink, common_dtype, group_layout, update
 from infra.weights.group import broadcast_async, close_update_group, open_update_group
 
 
-def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """The tensors cast to `dtype` and laid back to back in one new buffer, as bytes.
+def empty_bucket(
+    shapes: list[list[int]], dtype: torch.dtype, flatten: bool, device: torch.device | str = "cpu"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A new, empty payload for a bucket of these shapes in `dtype`, and per tensor a view
+    of it to fill: one flat byte buffer holding the tensors back to back (`flatten`), or the
+    tensors themselves. All share one dtype, so every tensor's byte offset is a multiple of
+    its element size, as SGLang's flattened receiver requires."""
+    if not flatten:
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        return outs, outs
+    sizes = [torch.Size(shape) for shape in shapes]
+    flat = torch.empty(sum(s.numel() for s in sizes), dtype=dtype, device=device)
+    views, offset = [], 0
+    for size in sizes:
+        views.append(flat[offset : offset + size.numel()].view(size))
+        offset += size.numel()
+    return [flat.view(torch.uint8)], views
 
-    One copy per tensor, the cast included. All share one dtype, so every tensor's byte
-    offset is a multiple of its element size, as SGLang's receiver requires."""
+
+def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors cast to `dtype`, back to back in one new byte buffer (flattened_bucket)."""
     if not tensors:
         raise ValueError("pack: an empty bucket")
-    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
-    offset = 0
-    for tensor in tensors:
-        n = tensor.numel()
-        flat[offset : offset + n].view(tensor.shape).copy_(tensor)
-        offset += n
-    return flat.view(torch.uint8)
+    payload, views = empty_bucket([list(t.shape) for t in tensors], dtype, True, tensors[0].device)
+    for view, tensor in zip(views, tensors, strict=True):
+        view.copy_(tensor)
+    return payload[0]
 
 
 @dataclass
@@ -59,6 +72,7 @@ class BroadcastSender:
         self.flatten = flatten
         self.dtype = common_dtype(links)
         self.group: dist.ProcessGroup | None = None
+        self.device = torch.device("cpu")  # where payloads live: gloo moves CPU tensors, nccl GPU ones
         # the engines' requests run here while this thread gathers and broadcasts
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(links)), thread_name_prefix="weight-post")
         self.timings: defaultdict[str, float] = defaultdict(float)
@@ -71,6 +85,7 @@ class BroadcastSender:
             raise self.peer_error("forming the weight-update group", exc) from exc
 
     def _open(self, address: str, port: int, backend: str) -> None:
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         offsets, world_size = group_layout([link.tp_size for link in self.links])
         with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
             joins = [
@@ -130,15 +145,18 @@ class BroadcastSender:
         self.timings["announce_s"] += time.perf_counter() - t0
         return PendingBucket(names, posts)
 
+    def allocate(self, shapes: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A new, empty payload for a bucket, in the engines' dtype on the group's device, and
+        per tensor a view of it to fill (then `transmit` the payload). Fresh each call, so
+        the caller may keep it."""
+        return empty_bucket(shapes, self.dtype, self.flatten, self.device)
+
     def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The payload as it travels, in the engines' dtype: one flat byte buffer (SGLang's
-        `flattened_bucket` layout: the tensors' bytes back to back, in order) or the tensors
-        themselves. A fresh buffer each call, so the caller may keep it."""
+        """The payload of these tensors, cast to the engines' dtype (one copy each)."""
         t0 = time.perf_counter()
-        if self.flatten:
-            payload = [pack(tensors, self.dtype)]
-        else:
-            payload = [t.to(self.dtype).contiguous() for t in tensors]
+        payload, views = self.allocate([list(t.shape) for t in tensors])
+        for view, tensor in zip(views, tensors, strict=True):
+            view.copy_(tensor)
         self.timings["pack_s"] += time.perf_counter() - t0
         return payload
 
