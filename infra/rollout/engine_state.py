@@ -240,7 +240,8 @@ class EngineState:
                 for work in works:
                     work.wait()
             t1 = time.perf_counter()
-            error = self._load(received, version)
+            # a flattened bucket's views are this request's own buffer: the weights adopt it
+            error = self._load(received, version, adopt=load_format == FLATTENED_BUCKET)
             if timings is not None:
                 timings["time_receive_s"] = t1 - t0
                 timings["time_load_s"] = time.perf_counter() - t1
@@ -259,8 +260,12 @@ class EngineState:
                 self.model_path = model_path
             return error
 
-    def _load(self, tensors: dict[str, torch.Tensor], version: str | None) -> str | None:
-        """Copy all tensors into the model, or none of them if any name or shape is wrong."""
+    def _load(self, tensors: dict[str, torch.Tensor], version: str | None, adopt: bool = False) -> str | None:
+        """Copy all tensors into the model, or none of them if any name or shape is wrong.
+
+        `adopt`: the tensors belong to no one else, so a parameter of the same dtype and
+        device takes the tensor itself as its data instead of a copy (a received flat
+        bucket then backs its parameters until the next update replaces them all)."""
         targets = self.model.state_dict()
         unknown = [n for n in tensors if n not in targets]
         if unknown:
@@ -272,9 +277,14 @@ class EngineState:
         ]
         if misshapen:
             return f"shape mismatch: {misshapen}"
+        params = dict(self.model.named_parameters(remove_duplicate=False)) if adopt else {}
         with torch.no_grad():
             for name, tensor in tensors.items():
-                targets[name].copy_(tensor)
+                param = params.get(name)
+                if param is not None and (param.dtype, param.device) == (tensor.dtype, tensor.device):
+                    param.data = tensor  # a tied weight is one Parameter: both names follow
+                else:
+                    targets[name].copy_(tensor)
         if version is not None:
             self.weight_version = version
         return None

@@ -170,10 +170,8 @@ class TrainerRank(FSDPRank):
         keep = sender is not None and self.cfg.rollout.engine_max_restarts > 0
         kept: list[_SentBucket] = []
         failed: Exception | None = None
-        phases = {"session_begin_s": 0.0, "gather_s": 0.0, "session_end_s": 0.0}
-        t0 = time.perf_counter()
+        gather_s = 0.0
         with torch.no_grad(), sender.session() if sender is not None else nullcontext():
-            phases["session_begin_s"] = time.perf_counter() - t0
             for i, names in enumerate(buckets):
                 shapes = [list(params[name].shape) for name in names]  # a DTensor's is the full shape
                 pending = payload = outs = None
@@ -187,7 +185,7 @@ class TrainerRank(FSDPRank):
                 t_gather = time.perf_counter()
                 # every rank takes part; rank 0 gets the full values, cast, in the payload
                 gather_full([params[name] for name in names], outs if failed is None else None)
-                phases["gather_s"] += time.perf_counter() - t_gather
+                gather_s += time.perf_counter() - t_gather
                 if pending is not None and failed is None:
                     try:
                         nbytes += sender.transmit(pending, payload)
@@ -196,14 +194,13 @@ class TrainerRank(FSDPRank):
                     else:
                         if keep:  # a fresh buffer each bucket: kept as it is, no copy
                             kept.append((names, shapes, payload))
-            t_end = time.perf_counter()
-        phases["session_end_s"] = time.perf_counter() - t_end
         if failed is not None:
             raise failed
         if keep:
             self._last_push = (str(weight_version), kept)
         stats = {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
-        timings = {**phases, **(sender.take_timings() if sender is not None else {})}
+        # phase times: this rank's gathers, and rank 0's sender (see BroadcastSender.timings)
+        timings = {"gather_s": gather_s, **(sender.take_timings() if sender is not None else {})}
         stats.update({f"time_sync_{k}": v for k, v in timings.items()})
         return stats
 

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
-from infra.weights.engines import EngineLink, common_dtype, group_layout, update_sessions
+from infra.weights.engines import EngineLink, common_dtype, group_layout
 from infra.weights.group import broadcast_async, close_update_group, open_update_group
 
 
@@ -73,8 +74,10 @@ class BroadcastSender:
         self.dtype = common_dtype(links)
         self.group: dist.ProcessGroup | None = None
         self.device = torch.device("cpu")  # where payloads live: gloo moves CPU tensors, nccl GPU ones
-        # the engines' requests run here while this thread gathers and broadcasts
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(links)), thread_name_prefix="weight-post")
+        # one thread per engine runs its requests in order (session begin, then each bucket's
+        # post) while this thread gathers and broadcasts
+        self._queues = [ThreadPoolExecutor(1, thread_name_prefix="weight-post") for _ in links]
+        self._begins: list[Future] = []  # the open session's begin, per engine
         self.timings: defaultdict[str, float] = defaultdict(float)
 
     def open(self, address: str, port: int, backend: str) -> None:
@@ -112,11 +115,43 @@ class BroadcastSender:
             for join in joins:
                 join.result(timeout=self.timeout_s)
 
-    def session(self) -> AbstractContextManager[None]:
-        """Wrap a whole sync: every engine inside an update session where it has them."""
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Wrap a whole sync: every engine inside an update session where it has them.
+
+        The session begins in the background (each engine's begin is first on its queue, so
+        its posts follow it): the round trip overlaps the first gather. It ends here, once
+        the sync's buckets are all in; a failed sync still closes the sessions it opened."""
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
-        return update_sessions(self.links)
+        self._begins = [q.submit(self._begin, link) for q, link in zip(self._queues, self.links, strict=True)]
+        try:
+            yield
+            for begin in self._begins:  # a begin that failed fails the sync, buckets or not
+                begin.result(timeout=self.timeout_s)
+        except BaseException:
+            for link, begin in zip(self.links, self._begins, strict=True):
+                with suppress(Exception):  # report the failure that got us here
+                    begin.result(timeout=self.timeout_s)
+                    link.end_session()
+            raise
+        finally:
+            self._begins = []
+        t0 = time.perf_counter()
+        ends = [q.submit(link.end_session) for q, link in zip(self._queues, self.links, strict=True)]
+        for end in ends:
+            end.result(timeout=self.timeout_s)
+        self.timings["session_end_s"] += time.perf_counter() - t0
+
+    def _begin(self, link: EngineLink) -> None:
+        t0 = time.perf_counter()
+        link.begin_session()
+        self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
+
+    def _post(self, index: int, *args) -> dict:
+        if self._begins:  # already done: it ran first on this queue; its failure is the post's
+            self._begins[index].result()
+        return self.links[index].client.update_weights_from_distributed(*args)
 
     def announce(self, names: list[str], shapes: list[list[int]], last: bool, version: str) -> PendingBucket:
         """Post the bucket's `/update_weights_from_distributed` to every engine, in the
@@ -130,8 +165,9 @@ class BroadcastSender:
         dtypes = [dtype_name(self.dtype)] * len(names)
         load_format = FLATTENED_BUCKET if self.flatten else None
         posts = [
-            self._pool.submit(
-                link.client.update_weights_from_distributed,
+            queue.submit(
+                self._post,
+                i,
                 names,
                 dtypes,
                 [list(s) for s in shapes],
@@ -140,7 +176,7 @@ class BroadcastSender:
                 version,
                 load_format,
             )
-            for link in self.links
+            for i, queue in enumerate(self._queues)
         ]
         self.timings["announce_s"] += time.perf_counter() - t0
         return PendingBucket(names, posts)
@@ -200,8 +236,10 @@ class BroadcastSender:
         return sum(t.numel() * t.element_size() for t in payload)
 
     def take_timings(self) -> dict[str, float]:
-        """Seconds spent per phase since the last call (rank 0's side, and the engines' own
-        receive and load where they report them, summed over engines)."""
+        """Seconds per phase since the last call, summed over buckets and engines:
+        `session_begin_s` (round trips run in the background), `announce_s`, `pack_s`
+        (`prepare` only), `broadcast_s`, `reply_wait_s`, `session_end_s`, and the engines'
+        own `engine_time_receive_s` / `engine_time_load_s` where they report them."""
         out, self.timings = dict(self.timings), defaultdict(float)
         return out
 
@@ -216,6 +254,7 @@ class BroadcastSender:
         if self.group is not None:
             close_update_group(self.group)
             self.group = None
-        self._pool.shutdown(wait=False)
+        for queue in self._queues:
+            queue.shutdown(wait=False)
         if errors:
             raise RuntimeError(f"destroy_weights_update_group failed on {errors}")

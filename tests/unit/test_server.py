@@ -22,8 +22,8 @@ from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.weights.broadcast import pack
-from infra.weights.engines import EngineLink, update_sessions
+from infra.weights.broadcast import BroadcastSender, pack
+from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,6 +210,7 @@ def test_weight_update_over_group(client):
         for name, tensor in zip(PARAMS, flat_new, strict=True):
             assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor[:100])
         assert client.model_info()["weight_version"] == "8"
+        assert client.generate([[1, 2]], {"max_new_tokens": 2})[0]["meta_info"]["weight_version"] == "8"
         # the engine's own phase times, from the reply's header (the body is SGLang's)
         assert set(timings) == {"time_receive_s", "time_load_s"} and min(timings.values()) >= 0
 
@@ -221,11 +222,24 @@ def test_weight_update_over_group(client):
 
     # the sync's session wrapper: probes once, and a sync that fails still closes the session
     link = EngineLink(client, rank_offset=1, tp_size=1, dtype=torch.float32)
-    with pytest.raises(KeyError), update_sessions([link]):
+    sender = BroadcastSender([link], f"{group_name}-2", timeout_s=60)
+    sender.open("127.0.0.1", free_port(), "gloo")
+    for flatten in (True, False):  # one flat buffer, then one broadcast per tensor
+        sender.flatten = flatten
+        sent = [torch.randn(64, 256), torch.randn(64)]
+        with sender.session():
+            assert sender.send_bucket(PARAMS, sent, True, f"flat-{flatten}") == 4 * (64 * 256 + 64)
+        for name, tensor in zip(PARAMS, sent, strict=True):
+            assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor[:100])
+        assert client.model_info()["weight_version"] == f"flat-{flatten}"
+    with pytest.raises(KeyError), sender.session():
         raise KeyError("a failed sync")
     assert link.has_session is True
     client.begin_weight_update()  # would fail had the session stayed open
+    with pytest.raises(RuntimeError, match="already open"), sender.session():
+        pass  # a begin that fails fails the sync, even one without buckets
     client.end_weight_update()
+    sender.close()
 
 
 def test_session_off_speaks_the_older_protocol(model_dir):
