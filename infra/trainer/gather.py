@@ -1,11 +1,11 @@
-"""Full values of FSDP2-sharded parameters on rank 0, one message per rank per bucket.
+"""Full values of FSDP2-sharded parameters on rank 0, sent point to point, in place.
 
 `DTensor.full_tensor()` is one all-gather per parameter: every rank receives every
 tensor, and a bucket of dozens of small tensors pays dozens of collective round trips.
-Weight sync needs the full values on rank 0 only, so each rank lays its local shards of a
-whole bucket into one byte buffer and sends it to rank 0 (one message per rank per
-bucket), which copies every rank's rows straight into the caller's output tensors (of any
-dtype: the cast to the engines' dtype happens in that copy).
+Weight sync needs the full values on rank 0 only, so each other rank sends rank 0 its
+shards of a whole bucket, all at once, straight into the caller's output tensors (in
+place where the dtype matches; the cast to the engines' dtype otherwise happens in a
+copy).
 
 FSDP2 shards dim 0 as `torch.chunk` does: rank r holds rows `[r*c, min((r+1)*c, n))` with
 `c = ceil(n / world)`. Parameters laid out any other way (another placement, a 2-D mesh)
@@ -19,8 +19,6 @@ import math
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
-
-_ALIGN = 16  # byte offsets in the buffer: any dtype's view of a slice must be aligned
 
 
 def _row_sharded(param: torch.Tensor) -> bool:
@@ -39,73 +37,62 @@ def _rows_of(n: int, world: int, rank: int) -> tuple[int, int]:
     return start, min(start + chunk, n)
 
 
-def _aligned(nbytes: int) -> int:
-    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _layout(params: list[torch.Tensor], world: int, rank: int) -> tuple[list[tuple[int, int, int]], int]:
-    """Where each parameter's rows of `rank` sit in that rank's buffer: (offset, start,
-    stop) per parameter, and the buffer's size in bytes. Known to every rank from the
-    parameters' global shapes alone."""
-    layout, size = [], 0
-    for p in params:
-        start, stop = _rows_of(p.shape[0], world, rank)
-        layout.append((size, start, stop))
-        size += _aligned((stop - start) * math.prod(p.shape[1:]) * p.element_size())
-    return layout, size
-
-
-def _rows(buffer: torch.Tensor, offset: int, start: int, stop: int, like: torch.Tensor) -> torch.Tensor:
-    nbytes = (stop - start) * math.prod(like.shape[1:]) * like.element_size()
-    return buffer[offset : offset + nbytes].view(like.dtype).view(stop - start, *like.shape[1:])
-
-
 def gather_full(params: list[torch.Tensor], outs: list[torch.Tensor] | None) -> None:
     """Write the full value of every parameter into `outs` (same order, full shapes) on
     rank 0 of the parameters' mesh; the other ranks pass `outs=None` (rank 0 may too: it
     then takes part and discards). Every rank must call it with the same parameters (it is
     a collective).
 
-    Each other rank sends rank 0 one buffer holding its rows of every parameter; rank 0
-    copies its own rows into `outs` while those arrive, then theirs."""
-    general = [i for i, p in enumerate(params) if not _row_sharded(p)]
-    for i in general:
+    Each other rank sends rank 0 its rows of each parameter, all messages in flight at
+    once. A rank's rows of a tensor are one contiguous range of the full tensor, so where
+    the output has the parameter's dtype they land in place, with no copy on either side;
+    otherwise through a staging tensor and a casting copy. Rank 0 copies its own rows
+    while the others' arrive."""
+    general = {i for i, p in enumerate(params) if not _row_sharded(p)}
+    for i in sorted(general):
         full = params[i].full_tensor() if isinstance(params[i], DTensor) else params[i]
         if outs is not None:
             outs[i].copy_(full)
-    sharded = [params[i] for i in range(len(params)) if i not in set(general)]
+    sharded = [i for i in range(len(params)) if i not in general]
     if not sharded:
         return
-    mesh = sharded[0].device_mesh
-    if any(p.device_mesh is not mesh for p in sharded):
+    mesh = params[sharded[0]].device_mesh
+    if any(params[i].device_mesh is not mesh for i in sharded):
         raise ValueError("gather_full: parameters on different device meshes")
     group, world, me = mesh.get_group(), mesh.size(), mesh.get_local_rank()
     if outs is not None and me != 0:
         raise ValueError(f"gather_full: outputs on mesh rank {me}; only rank 0 receives")
-    sharded_outs = (
-        [outs[i] for i in range(len(params)) if i not in set(general)] if outs is not None else None
-    )
-    device = sharded[0].to_local().device
     if me != 0:
-        layout, size = _layout(sharded, world, me)
-        mine = torch.empty(size, dtype=torch.uint8, device=device)
-        for p, (offset, start, stop) in zip(sharded, layout, strict=True):
-            if stop > start:
-                _rows(mine, offset, start, stop, p).copy_(p.to_local())
-        dist.send(mine, group_dst=0, group=group)
+        sends = [
+            dist.P2POp(dist.isend, local, group=group, group_peer=0, tag=i)
+            for i in sharded
+            if (local := params[i].to_local().detach().contiguous()).numel()
+        ]
+        for work in dist.batch_isend_irecv(sends) if sends else []:
+            work.wait()
         return
-    layouts = [_layout(sharded, world, r) for r in range(world)]
-    buffers = {r: torch.empty(layouts[r][1], dtype=torch.uint8, device=device) for r in range(1, world)}
-    works = [dist.irecv(buffers[r], group_src=r, group=group) for r in range(1, world)]
-    if sharded_outs is not None:  # rank 0's own rows, while the others' arrive
-        for p, out, (_, start, stop) in zip(sharded, sharded_outs, layouts[0][0], strict=True):
+    recvs, casts = [], []
+    for r in range(1, world):
+        for i in sharded:
+            p = params[i]
+            start, stop = _rows_of(p.shape[0], world, r)
+            shape = (stop - start, *p.shape[1:])
+            if math.prod(shape) == 0:  # nothing held there: nothing sent (see above)
+                continue
+            target = outs[i][start:stop] if outs is not None else None
+            if target is None or target.dtype != p.dtype or not target.is_contiguous():
+                staged = torch.empty(shape, dtype=p.dtype, device=p.to_local().device)
+                if target is not None:
+                    casts.append((target, staged))
+                target = staged
+            recvs.append(dist.P2POp(dist.irecv, target, group=group, group_peer=r, tag=i))
+    works = dist.batch_isend_irecv(recvs) if recvs else []
+    if outs is not None:  # rank 0's own rows, while the others' arrive
+        for i in sharded:
+            start, stop = _rows_of(params[i].shape[0], world, 0)
             if stop > start:
-                out[start:stop].copy_(p.to_local())
+                outs[i][start:stop].copy_(params[i].to_local())
     for work in works:
         work.wait()
-    if sharded_outs is None:  # rank 0 took part only to keep the ranks in step
-        return
-    for r in range(1, world):
-        for p, out, (offset, start, stop) in zip(sharded, sharded_outs, layouts[r][0], strict=True):
-            if stop > start:
-                out[start:stop].copy_(_rows(buffers[r], offset, start, stop, p))
+    for target, staged in casts:
+        target.copy_(staged)

@@ -36,10 +36,13 @@ def _worker(rank: int, port: int, out: str) -> None:
     model = parallelize(LlamaForCausalLM(config).to(torch.bfloat16), 2)
     params = [p for _, p in model.named_parameters()]
     with torch.no_grad():
-        outs = [torch.full(p.shape, float("nan"), dtype=torch.float16) for p in params] if rank == 0 else None
-        gather_full(params, outs)
+        outs = {}
+        for dtype in (torch.float16, torch.bfloat16):  # cast on the way; in place
+            mine = [torch.full(p.shape, float("nan"), dtype=dtype) for p in params] if rank == 0 else None
+            gather_full(params, mine)
+            outs[dtype] = mine
         gather_full(params, None)  # rank 0 may take part without outputs, in step
-        expected = [p.full_tensor().to(torch.float16) for p in params]
+        expected = [p.full_tensor() for p in params]
     if rank == 0:
         shapes = [tuple(p.shape) for p in params]
         layouts = {(p.device_mesh.ndim, tuple(map(str, p.placements))) for p in params}
@@ -54,5 +57,6 @@ def test_gather_matches_full_tensor_with_uneven_shards(tmp_path: Path):
     result = torch.load(tmp_path / "gather.pt")
     assert {(1, 6), (5, 6), (3, 6)} <= set(result["shapes"])
     assert result["layouts"] == {(1, ("S(0)",))}  # every one takes the one-gather path
-    for got, want in zip(result["outs"], result["expected"], strict=True):
-        assert got.dtype == torch.float16 and torch.equal(got, want)
+    for dtype, outs in result["outs"].items():
+        for got, want in zip(outs, result["expected"], strict=True):
+            assert got.dtype == dtype and torch.equal(got, want.to(dtype))
