@@ -3,10 +3,11 @@
     python -m bench.weight_sync [--repeats 3] [--hidden-size 384 --layers 4 --intermediate-size 1536]
 
 Two FSDP2 gloo ranks of TrainerRank push their weights to a running built-in engine server:
-the update session, per bucket one `/update_weights_from_distributed` request (posted
-before the bucket's full-tensor gathers, so the two overlap), the gathers, the broadcast
-(one flat buffer per bucket, SGLang's `flattened_bucket` format), and the engine loading
-them. The baseline, in the same run: rank 0 opens a second group, by the same recipe and
+the update session (its begin runs beside the first gather), per bucket one
+`/update_weights_from_distributed` request (posted before the bucket's gather, so the two
+overlap), the gather (rank 1 sends rank 0 its shards, into rank 0's send buffer), the
+broadcast (one flat buffer per bucket, SGLang's `flattened_bucket` format), and the
+engine loading them. The baseline, in the same run: rank 0 opens a second group, by the same recipe and
 backend, with a bare receiver process, and broadcasts one flat tensor per bucket of the
 same byte sizes; no HTTP, no gathers, no loading. The engine server cannot take raw bytes
 (it speaks SGLang's protocol), so the baseline's far end is that receiver, not the engine.
