@@ -217,6 +217,10 @@ class BroadcastSender:
         return RuntimeError(f"{what} failed ({who}): {type(exc).__name__}: {exc}")
 
     def _transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+        for begin in self._begins:
+            # the engines cannot receive before their session began (nothing is lost waiting:
+            # their posts follow it); a begin that failed must not leave a broadcast hanging
+            begin.result(timeout=self.timeout_s)
         for post in pending.posts:
             if post.done():  # refused before its receive (e.g. 400): broadcasting would only hang
                 post.result()

@@ -238,6 +238,10 @@ def test_weight_update_over_group(client):
     client.begin_weight_update()  # would fail had the session stayed open
     with pytest.raises(RuntimeError, match="already open"), sender.session():
         pass  # a begin that fails fails the sync, even one without buckets
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="already open"), sender.session():
+        sender.send_bucket(PARAMS, sent, True, "never")  # fails before its broadcast
+    assert time.monotonic() - t0 < 30  # not the group's 60 s timeout: the group stays in step
     client.end_weight_update()
     sender.close()
 
