@@ -7,14 +7,15 @@ the update session (its begin runs beside the first gather), per bucket one
 `/update_weights_from_distributed` request (posted before the bucket's gather, so the two
 overlap), the gather (rank 1 sends rank 0 its shards, into rank 0's send buffer), the
 broadcast (one flat buffer per bucket, SGLang's `flattened_bucket` format), and the
-engine loading them. The baseline, in the same run: rank 0 opens a second group, by the same recipe and
-backend, with a bare receiver process, and broadcasts one flat tensor per bucket of the
-same byte sizes; no HTTP, no gathers, no loading. The engine server cannot take raw bytes
-(it speaks SGLang's protocol), so the baseline's far end is that receiver, not the engine.
+engine loading them. The baseline, in the same run and right after each push: rank 0
+holds a second group, by the same recipe and backend, with a bare receiver process, and
+broadcasts one flat tensor per bucket of the same byte sizes; no HTTP, no gathers, no
+loading. The engine server cannot take raw bytes (it speaks SGLang's protocol), so the
+baseline's far end is that receiver, not the engine.
 
 Two models, each in its own run: the tiny demo model (0.55 MiB, where one HTTP round trip
 outweighs the bytes) and a larger one of the same family (the `--hidden-size/--layers/
---intermediate-size` shape, ~38 MiB by default) where the bytes matter. For each, the
+--intermediate-size` shape, 36 MiB by default) where the bytes matter. For each, the
 median time of every phase of the push is printed (rank 0's side and the engine's own).
 """
 
@@ -70,7 +71,16 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
     trainer.setup(model_dir, {}, ADDR, ports[0])
     trainer.connect_engines([url])
     trainer.open_weight_group("bench-sync")
-    pushes, phases = [], []
+    raw_group, flats = None, []
+    if index == 0:
+        sizes = _bucket_bytes(trainer)
+        raw_group = open_update_group(ADDR, raw_port, 0, 2, group_name="raw-baseline")
+        broadcast(raw_group, torch.tensor([len(sizes)]), src=0)
+        broadcast(raw_group, torch.tensor(sizes), src=0)
+        flats = [torch.randn(n // 4) for n in sizes]
+    pushes, phases, raws = [], [], []
+    # each repeat times a push, then the raw broadcast right after it: both under the same
+    # load from whatever else shares the machine
     for v in range(repeats):
         torch.distributed.barrier()
         t0 = time.perf_counter()
@@ -78,21 +88,15 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
         torch.distributed.barrier()
         pushes.append(time.perf_counter() - t0)
         phases.append({k: val for k, val in stats.items() if k.startswith("time_sync_")})
-    trainer.close_weight_group()
-    if index == 0:
-        sizes = _bucket_bytes(trainer)
-        group = open_update_group(ADDR, raw_port, 0, 2, group_name="raw-baseline")
-        broadcast(group, torch.tensor([len(sizes)]), src=0)
-        broadcast(group, torch.tensor(sizes), src=0)
-        flats = [torch.randn(n // 4) for n in sizes]
-        raws = []
-        for _ in range(repeats):
+        if raw_group is not None:
             t0 = time.perf_counter()
             for flat in flats:
-                broadcast(group, flat, src=0)
-            broadcast(group, torch.zeros(1), src=1)
+                broadcast(raw_group, flat, src=0)
+            broadcast(raw_group, torch.zeros(1), src=1)
             raws.append(time.perf_counter() - t0)
-        close_update_group(group)
+    trainer.close_weight_group()
+    if raw_group is not None:
+        close_update_group(raw_group)
         result = {
             "push": pushes,
             "raw": raws,
