@@ -1,15 +1,22 @@
 """Weight sync (the broadcast transport's push) against a raw broadcast of the same bytes.
 
-    python -m bench.weight_sync [--repeats 3]
+    python -m bench.weight_sync [--repeats 3] [--hidden-size 384 --layers 4 --intermediate-size 1536]
 
-Two FSDP2 gloo ranks of TrainerRank on the tiny demo model push their weights to a running
-built-in engine server: full-tensor gathers, the update session, one
-`/update_weights_from_distributed` request and one broadcast per tensor (SGLang's engines
-receive tensor by tensor), and the engine loading them. The baseline, in the same run: rank
-0 opens a second group, by the same recipe and backend, with a bare receiver process, and
+Two FSDP2 gloo ranks of TrainerRank push their weights to a running built-in engine server:
+the update session (its begin runs beside the first gather), per bucket one
+`/update_weights_from_distributed` request (posted before the bucket's gather, so the two
+overlap), the gather (rank 1 sends rank 0 its shards, into rank 0's send buffer), the
+broadcast (one flat buffer per bucket, SGLang's `flattened_bucket` format), and the
+engine loading them. The baseline, in the same run and right after each push: rank 0
+holds a second group, by the same recipe and backend, with a bare receiver process, and
 broadcasts one flat tensor per bucket of the same byte sizes; no HTTP, no gathers, no
 loading. The engine server cannot take raw bytes (it speaks SGLang's protocol), so the
 baseline's far end is that receiver, not the engine.
+
+Two models, each in its own run: the tiny demo model (0.55 MiB, where one HTTP round trip
+outweighs the bytes) and a larger one of the same family (the `--hidden-size/--layers/
+--intermediate-size` shape, 36 MiB by default) where the bytes matter. For each, the
+median time of every phase of the push is printed (rank 0's side and the engine's own).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch.multiprocessing as mp
 
 from bench.common import ratio_line, spread
 from infra.cluster.network import free_port
+from infra.config import TinyModelConfig
 
 ADDR = "127.0.0.1"
 
@@ -63,43 +71,65 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
     trainer.setup(model_dir, {}, ADDR, ports[0])
     trainer.connect_engines([url])
     trainer.open_weight_group("bench-sync")
-    pushes = []
+    raw_group, flats = None, []
+    if index == 0:
+        sizes = _bucket_bytes(trainer)
+        raw_group = open_update_group(ADDR, raw_port, 0, 2, group_name="raw-baseline")
+        broadcast(raw_group, torch.tensor([len(sizes)]), src=0)
+        broadcast(raw_group, torch.tensor(sizes), src=0)
+        flats = [torch.randn(n // 4) for n in sizes]
+    pushes, phases, raws = [], [], []
+    # each repeat times a push, then the raw broadcast right after it: both under the same
+    # load from whatever else shares the machine
     for v in range(repeats):
         torch.distributed.barrier()
         t0 = time.perf_counter()
         stats = trainer.update_weights(v + 1)
         torch.distributed.barrier()
         pushes.append(time.perf_counter() - t0)
-    trainer.close_weight_group()
-    if index == 0:
-        sizes = _bucket_bytes(trainer)
-        group = open_update_group(ADDR, raw_port, 0, 2, group_name="raw-baseline")
-        broadcast(group, torch.tensor([len(sizes)]), src=0)
-        broadcast(group, torch.tensor(sizes), src=0)
-        flats = [torch.randn(n // 4) for n in sizes]
-        raws = []
-        for _ in range(repeats):
+        phases.append({k: val for k, val in stats.items() if k.startswith("time_sync_")})
+        if raw_group is not None:
             t0 = time.perf_counter()
             for flat in flats:
-                broadcast(group, flat, src=0)
-            broadcast(group, torch.zeros(1), src=1)
+                broadcast(raw_group, flat, src=0)
+            broadcast(raw_group, torch.zeros(1), src=1)
             raws.append(time.perf_counter() - t0)
-        close_update_group(group)
-        result = {"push": pushes, "raw": raws, "bytes": stats["bytes"], "buckets": stats["num_buckets"]}
+    trainer.close_weight_group()
+    if raw_group is not None:
+        close_update_group(raw_group)
+        result = {
+            "push": pushes,
+            "raw": raws,
+            "phases": phases,
+            "bytes": stats["bytes"],
+            "buckets": stats["num_buckets"],
+        }
         Path(out).write_text(json.dumps(result))
     trainer.shutdown()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    from infra.config import TinyModelConfig
+# the printed phases: label, key of the stats update_weights returns (rank 0)
+PHASES = [
+    ("session begin (in the background)", "time_sync_session_begin_s"),
+    ("announce (post)", "time_sync_announce_s"),
+    ("gathers", "time_sync_gather_s"),
+    ("pack", "time_sync_pack_s"),
+    ("broadcast", "time_sync_broadcast_s"),
+    ("reply wait", "time_sync_reply_wait_s"),
+    ("session end", "time_sync_session_end_s"),
+]
+ENGINE_PHASES = [
+    ("receive", "time_sync_engine_time_receive_s"),
+    ("load", "time_sync_engine_time_load_s"),
+]
+
+
+def _run(shape: TinyModelConfig, repeats: int) -> dict:
     from infra.model.tiny import build_tiny_model
     from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", TinyModelConfig())
+        model_dir = build_tiny_model(Path(tmp) / "model", shape)
         port = free_port()
         proc = launch_engine("torch", str(model_dir), ADDR, port, seed=0, threads=1)
         url = f"http://{ADDR}:{port}"
@@ -107,21 +137,54 @@ def main() -> None:
             wait_until_healthy(url, proc, 120)
             out = str(Path(tmp) / "result.json")
             ports = (free_port(), free_port())
-            mp.start_processes(
-                _worker, args=(ports, str(model_dir), url, args.repeats, out), nprocs=3, join=True
-            )
-            result = json.loads(Path(out).read_text())
+            mp.start_processes(_worker, args=(ports, str(model_dir), url, repeats, out), nprocs=3, join=True)
+            return json.loads(Path(out).read_text())
         finally:
             stop_engine(proc)
+
+
+def _median_phase(result: dict, key: str) -> float:
+    return statistics.median(p.get(key, 0.0) for p in result["phases"])
+
+
+def _report(title: str, result: dict, ratio_label: str) -> None:
     mib = result["bytes"] / 2**20
-    print(
-        f"tiny demo model: {mib:.2f} MiB in {result['buckets']} bucket(s); 2 FSDP2 ranks -> 1 built-in engine"
-    )
+    print(f"{title}: {mib:.2f} MiB in {result['buckets']} bucket(s); 2 FSDP2 ranks -> 1 built-in engine")
     print(f"push (transport)      s: {spread(result['push'], '{:.4f}')}")
     print(f"raw flat broadcast    s: {spread(result['raw'], '{:.4f}')}")
     print(f"push throughput: {mib / statistics.median(result['push']):.1f} MiB/s")
+    named = [(label, _median_phase(result, key)) for label, key in PHASES]
+    # the session begin and the post run beside the gathers: not on the push's path
+    accounted = sum(t for label, t in named if "background" not in label)
+    other = statistics.median(result["push"]) - accounted
+    print("  rank 0, median s: " + ", ".join(f"{label} {t:.4f}" for label, t in named))
+    print(f"  rest of the push (bucketing, the bench's barrier, threads): {other:.4f}")
+    engine = ", ".join(f"{label} {_median_phase(result, key):.4f}" for label, key in ENGINE_PHASES)
+    print(f"  engine handler, median s: {engine} (inside rank 0's reply wait and broadcast)")
     ratios = [p / r for p, r in zip(result["push"], result["raw"], strict=True)]
-    print(ratio_line("weight sync push / raw broadcast of the same bytes, time", ratios, "<= 2x"))
+    print(ratio_line(ratio_label, ratios, "<= 2x"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hidden-size", type=int, default=384, help="the larger model's width")
+    ap.add_argument("--layers", type=int, default=4, help="the larger model's decoder layers")
+    ap.add_argument("--intermediate-size", type=int, default=1536, help="the larger model's MLP width")
+    args = ap.parse_args()
+    tiny = TinyModelConfig()
+    larger = TinyModelConfig(
+        hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size
+    )
+    tiny_result = _run(tiny, args.repeats)
+    larger_result = _run(larger, args.repeats)
+    _report("tiny demo model", tiny_result, "weight sync push / raw broadcast of the same bytes, time")
+    shape = f"hidden {larger.hidden_size}, {larger.num_layers} layers, mlp {larger.intermediate_size}"
+    _report(
+        f"larger model ({shape})",
+        larger_result,
+        "weight sync push / raw broadcast of the same bytes, larger model, time",
+    )
 
 
 if __name__ == "__main__":

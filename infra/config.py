@@ -398,6 +398,12 @@ class WeightSyncConfig(_Section):
         "loads it with /update_weights_from_disk; older versions are deleted.",
     )
     bucket_size_mb: float = Field(64, gt=0, description="Parameters gathered and sent per bucket, in MiB.")
+    flattened_buckets: bool = Field(
+        True,
+        description="`broadcast` only: send each bucket as one flat byte buffer (SGLang's "
+        "`load_format=flattened_bucket` on /update_weights_from_distributed; one collective per bucket) "
+        "instead of one broadcast per tensor. Turn off for SGLang servers older than that option.",
+    )
     check_weight_update_equal: bool = Field(
         False,
         description="After each sync, compare the leading 100 rows of every tensor (what /get_weights_by_name "

@@ -10,6 +10,7 @@ client (~45 ms each, measured), which was most of a weight sync's time on the ti
 from __future__ import annotations
 
 import functools
+import json
 import os
 import ssl
 import time
@@ -20,6 +21,8 @@ import orjson
 
 # The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
 API_KEY_ENV = "PRL_ENGINE_API_KEY"
+# The built-in engine's phase times of a weight update, JSON, beside SGLang's reply body.
+TIMINGS_HEADER = "x-prl-timings"
 
 
 def _headers() -> dict[str, str]:
@@ -50,6 +53,12 @@ class EngineClient:
         self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
+        return self._exchange(method, path, body, timeout_s)[0]
+
+    def _exchange(
+        self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None
+    ) -> tuple[Any, httpx.Headers]:
+        """The reply's decoded body and its headers; an EngineError for any failure."""
         try:
             with _client(timeout_s or self.timeout_s) as http:
                 resp = http.request(method, f"{self.url}{path}", json=body, headers=_headers())
@@ -64,7 +73,7 @@ class EngineClient:
             raise EngineError(
                 f"{self.url}{path}: HTTP {resp.status_code}: {_message(data)}", resp.status_code
             )
-        return data
+        return data, resp.headers
 
     def health(self) -> bool:
         try:
@@ -129,7 +138,11 @@ class EngineClient:
         group_name: str,
         flush_cache: bool = True,
         weight_version: str | None = None,
-    ) -> None:
+        load_format: str | None = None,
+    ) -> dict:
+        """Announce a bucket; its tensors then come by broadcast. `load_format="flattened_bucket"`:
+        one byte buffer holding them back to back, in order. Returns the engine's own phase
+        times where it reports them (the built-in engine does; SGLang does not: {})."""
         body = {
             "names": names,
             "dtypes": dtypes,
@@ -138,7 +151,10 @@ class EngineClient:
             "flush_cache": flush_cache,
             "weight_version": weight_version,
         }
-        self._call("POST", "/update_weights_from_distributed", body)
+        if load_format is not None:  # absent unless asked: older servers may not know the field
+            body["load_format"] = load_format
+        _, headers = self._exchange("POST", "/update_weights_from_distributed", body)
+        return _timings(headers.get(TIMINGS_HEADER))
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
         self._call(
@@ -189,6 +205,17 @@ class EngineClient:
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+
+
+def _timings(header: str | None) -> dict[str, float]:
+    """Numeric fields of the timings header; {} when absent or malformed (they only inform)."""
+    try:
+        data = json.loads(header) if header else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
 
 def _message(data: Any) -> str:

@@ -9,6 +9,7 @@ and a sample's weight version is exact.
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -16,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from infra.rollout.memory import WeightOffload
 from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
-from infra.weights.group import broadcast, close_update_group, open_update_group
+from infra.weights.buckets import FLATTENED_BUCKET
+from infra.weights.group import broadcast, broadcast_async, close_update_group, open_update_group
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -24,6 +26,28 @@ def parse_dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise BadRequest(f"dtypes: unknown dtype {name!r}")
     return dtype
+
+
+def _receive_flat(
+    group: torch.distributed.ProcessGroup,
+    names: list[str],
+    dtypes: list[torch.dtype],
+    sizes: list[torch.Size],
+    device: str,
+) -> dict[str, torch.Tensor]:
+    """One uint8 broadcast of the tensors' bytes back to back; views of it, by name."""
+    offsets, total = [], 0
+    for name, dtype, size in zip(names, dtypes, sizes, strict=True):
+        if total % dtype.itemsize:  # SGLang refuses it too: a view needs aligned bytes
+            raise BadRequest(f"names: {name!r} starts at byte {total}, not aligned for {dtype}")
+        offsets.append(total)
+        total += size.numel() * dtype.itemsize
+    flat = torch.empty(total, dtype=torch.uint8, device=device)
+    broadcast(group, flat, src=0)
+    return {
+        name: flat[start : start + size.numel() * dtype.itemsize].view(dtype).view(size)
+        for name, dtype, size, start in zip(names, dtypes, sizes, offsets, strict=True)
+    }
 
 
 class EngineState:
@@ -171,13 +195,23 @@ class EngineState:
         shapes: list[list[int]],
         group_name: str,
         version: str | None,
+        load_format: str | None = None,
+        timings: dict[str, float] | None = None,
     ) -> str | None:
-        """Receive the named tensors from rank 0 of the group and load them; an error or None."""
+        """Receive the named tensors from rank 0 of the group and load them; an error or None.
+
+        `load_format` None: one broadcast per tensor, in order; "flattened_bucket": one uint8
+        broadcast holding them back to back (SGLang's FlattenedTensorBucket layout). The
+        seconds spent receiving and loading are added to `timings` when given."""
         # A malformed request is refused before any receive; the trainer's broadcast then
         # fails by the group's timeout, and its POST sees this 400.
         if not len(names) == len(dtypes) == len(shapes):
             raise BadRequest(
                 f"names/dtypes/shapes: lengths differ ({len(names)}, {len(dtypes)}, {len(shapes)})"
+            )
+        if load_format not in (None, FLATTENED_BUCKET):
+            raise BadRequest(
+                f"load_format: {load_format!r} is not supported here (None or {FLATTENED_BUCKET!r})"
             )
         if self.session and not self._session_open:
             # refused before any receive, as SGLang does: the sender's broadcast then times out
@@ -187,18 +221,31 @@ class EngineState:
             )
         group, backend = self._group(group_name)
         parsed = [parse_dtype(d) for d in dtypes]
+        sizes = [torch.Size(shape) for shape in shapes]
         # gloo moves CPU tensors, nccl GPU tensors
         device = "cuda" if backend == "nccl" else "cpu"
         with self.lock:
             self.require_resident()
-            received = {}
+            t0 = time.perf_counter()
             # Receive everything before validating: the trainer broadcasts all tensors
             # regardless, and skipping a receive would leave it hanging in a collective.
-            for name, dtype, shape in zip(names, parsed, shapes, strict=True):
-                tensor = torch.empty(shape, dtype=dtype, device=device)
-                broadcast(group, tensor, src=0)
-                received[name] = tensor
-            return self._load(received, version)
+            if load_format == FLATTENED_BUCKET:
+                received = _receive_flat(group, names, parsed, sizes, device)
+            else:
+                received = {}
+                works = []  # all receives in flight at once, as SGLang posts them
+                for name, dtype, size in zip(names, parsed, sizes, strict=True):
+                    received[name] = torch.empty(size, dtype=dtype, device=device)
+                    works.append(broadcast_async(group, received[name], src=0))
+                for work in works:
+                    work.wait()
+            t1 = time.perf_counter()
+            # a flattened bucket's views are this request's own buffer: the weights adopt it
+            error = self._load(received, version, adopt=load_format == FLATTENED_BUCKET)
+            if timings is not None:
+                timings["time_receive_s"] = t1 - t0
+                timings["time_load_s"] = time.perf_counter() - t1
+            return error
 
     def update_from_disk(self, model_path: str, version: str | None) -> str | None:
         dtype = next(self.model.parameters()).dtype
@@ -213,8 +260,12 @@ class EngineState:
                 self.model_path = model_path
             return error
 
-    def _load(self, tensors: dict[str, torch.Tensor], version: str | None) -> str | None:
-        """Copy all tensors into the model, or none of them if any name or shape is wrong."""
+    def _load(self, tensors: dict[str, torch.Tensor], version: str | None, adopt: bool = False) -> str | None:
+        """Copy all tensors into the model, or none of them if any name or shape is wrong.
+
+        `adopt`: the tensors belong to no one else, so a parameter of the same dtype and
+        device takes the tensor itself as its data instead of a copy (a received flat
+        bucket then backs its parameters until the next update replaces them all)."""
         targets = self.model.state_dict()
         unknown = [n for n in tensors if n not in targets]
         if unknown:
@@ -226,9 +277,14 @@ class EngineState:
         ]
         if misshapen:
             return f"shape mismatch: {misshapen}"
+        params = dict(self.model.named_parameters(remove_duplicate=False)) if adopt else {}
         with torch.no_grad():
             for name, tensor in tensors.items():
-                targets[name].copy_(tensor)
+                param = params.get(name)
+                if param is not None and (param.dtype, param.device) == (tensor.dtype, tensor.device):
+                    param.data = tensor  # a tied weight is one Parameter: both names follow
+                else:
+                    targets[name].copy_(tensor)
         if version is not None:
             self.weight_version = version
         return None

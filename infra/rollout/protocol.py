@@ -72,6 +72,9 @@ class UpdateFromDistributedReq(_Body):
     group_name: str = "weight_update_group"
     flush_cache: bool = True
     weight_version: str | None = None
+    # SGLang's two formats on this route: None, one broadcast per tensor in order of the
+    # names; "flattened_bucket", one uint8 broadcast holding the tensors back to back
+    load_format: Literal["flattened_bucket"] | None = None
 
 
 class UpdateFromDiskReq(_Body):

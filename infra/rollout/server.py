@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from infra.rollout import protocol as p
-from infra.rollout.client import API_KEY_ENV
+from infra.rollout.client import API_KEY_ENV, TIMINGS_HEADER
 from infra.rollout.engine_state import EngineState
 from infra.rollout.guards import BeatingFlag, Progress, RequireKey
 from infra.rollout.protocol import BadRequest
@@ -164,9 +165,14 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
 
     @app.post("/update_weights_from_distributed")
     async def update_distributed(req: p.UpdateFromDistributedReq):
-        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version)
-        error = await asyncio.to_thread(state.update_from_distributed, *args)
-        return _fail(error) if error else {"success": True, "message": f"updated {len(req.names)} tensors"}
+        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version, req.load_format)
+        timings: dict[str, float] = {}
+        error = await asyncio.to_thread(state.update_from_distributed, *args, timings=timings)
+        if error:
+            return _fail(error)
+        # the body is exactly SGLang's; this engine's own phase times ride in a header
+        body = {"success": True, "message": f"updated {len(req.names)} tensors"}
+        return JSONResponse(body, headers={TIMINGS_HEADER: json.dumps(timings)})
 
     @app.post("/update_weights_from_disk")
     async def update_disk(req: p.UpdateFromDiskReq):

@@ -18,6 +18,7 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
 from infra.trainer.fsdp_rank import FSDPRank
+from infra.trainer.gather import gather_full
 from infra.trainer.parallelize import parallelize
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
@@ -25,6 +26,9 @@ from infra.weights.buckets import bucket_params
 from infra.weights.check import WeightCheck
 from infra.weights.engines import EngineLink, connect_engines
 from infra.weights.group import close_update_group
+
+# one bucket of the last push as it was sent: names, full shapes, payload in the engines' dtype
+_SentBucket = tuple[list[str], list[list[int]], list[torch.Tensor]]
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
@@ -37,9 +41,10 @@ class TrainerRank(FSDPRank):
         super().__init__(cfg, rank, world_size)
         self._links: list[EngineLink] = []
         self._sender: BroadcastSender | None = None
-        # rank 0: the buckets of the last complete push, as sent (engine dtype), and their
-        # version; a restarted engine gets them while the ranks train (no collective needed)
-        self._last_push: tuple[str, list[tuple[list[str], list[torch.Tensor]]]] | None = None
+        # rank 0: the buckets of the last complete push, as sent (names, shapes, payload in
+        # the engines' dtype), and their version; a restarted engine gets them while the
+        # ranks train (no collective needed)
+        self._last_push: tuple[str, list[_SentBucket]] | None = None
 
     def setup(self, model_uri: str, storage_options: dict, master_addr: str, master_port: int) -> None:
         """Join the trainer group and load the model (from a local or s3:// HF directory)."""
@@ -115,7 +120,8 @@ class TrainerRank(FSDPRank):
         if self.rank != 0:
             return
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self._sender = BroadcastSender(self._links, group_name, self.cfg.weight_sync.timeout_s)
+        sync = self.cfg.weight_sync
+        self._sender = BroadcastSender(self._links, group_name, sync.timeout_s, sync.flattened_buckets)
         self._sender.open(self._address, free_port(self._address), backend)
 
     @ray.method(concurrency_group="restore")
@@ -137,8 +143,9 @@ class TrainerRank(FSDPRank):
         self.open_weight_group(group_name)
         version, buckets = self._last_push
         with torch.no_grad(), self._sender.session():
-            for i, (names, tensors) in enumerate(buckets):
-                self._sender.send_bucket(names, tensors, i == len(buckets) - 1, version)
+            for i, (names, shapes, payload) in enumerate(buckets):
+                pending = self._sender.announce(names, shapes, i == len(buckets) - 1, version)
+                self._sender.transmit(pending, payload)
         return version
 
     @ray.method(concurrency_group="restore")  # also while the main thread is stuck
@@ -148,33 +155,54 @@ class TrainerRank(FSDPRank):
             sender.close()
 
     def update_weights(self, weight_version: int) -> dict:
-        """Push all parameters to the engines; every rank must call it (gathers are collective)."""
+        """Push all parameters to the engines; every rank must call it (gathers are collective).
+
+        Per bucket, rank 0 announces it to the engines first (the HTTP request runs in the
+        background), then one gather brings every rank's shards straight into rank 0's
+        payload (in the engines' dtype), then rank 0 broadcasts it."""
         if self.rank == 0 and self._sender is None:
             raise RuntimeError("update_weights before open_weight_group")
         start, nbytes = time.perf_counter(), 0
         params = dict(self.model.named_parameters())
         sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
         buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
-        session = self._sender.session() if self.rank == 0 else nullcontext()
-        keep = self.rank == 0 and self.cfg.rollout.engine_max_restarts > 0
-        kept: list[tuple[list[str], list[torch.Tensor]]] = []
+        sender = self._sender if self.rank == 0 else None
+        keep = sender is not None and self.cfg.rollout.engine_max_restarts > 0
+        kept: list[_SentBucket] = []
         failed: Exception | None = None
-        with torch.no_grad(), session:
+        gather_s = 0.0
+        with torch.no_grad(), sender.session() if sender is not None else nullcontext():
             for i, names in enumerate(buckets):
-                tensors = [_full(params[name]) for name in names]
-                if self.rank == 0 and failed is None:
+                shapes = [list(params[name].shape) for name in names]  # a DTensor's is the full shape
+                pending = payload = outs = None
+                if sender is not None and failed is None:
                     last = i == len(buckets) - 1
                     try:
-                        nbytes += self._sender.send_bucket(names, tensors, last, str(weight_version))
+                        pending = sender.announce(names, shapes, last, str(weight_version))
+                        payload, outs = sender.allocate(shapes)
+                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
+                        failed = exc
+                t_gather = time.perf_counter()
+                # every rank takes part; rank 0 gets the full values, cast, in the payload
+                gather_full([params[name] for name in names], outs if failed is None else None)
+                gather_s += time.perf_counter() - t_gather
+                if pending is not None and failed is None:
+                    try:
+                        nbytes += sender.transmit(pending, payload)
                     except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
                         failed = exc  # the other ranks still gather every bucket: keep in step
-                    if keep:
-                        kept.append((names, [t.detach().to(self._sender.dtype, copy=True) for t in tensors]))
+                    else:
+                        if keep:  # a fresh buffer each bucket: kept as it is, no copy
+                            kept.append((names, shapes, payload))
         if failed is not None:
             raise failed
         if keep:
             self._last_push = (str(weight_version), kept)
-        return {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
+        stats = {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
+        # phase times: this rank's gathers, and rank 0's sender (see BroadcastSender.timings)
+        timings = {"gather_s": gather_s, **(sender.take_timings() if sender is not None else {})}
+        stats.update({f"time_sync_{k}": v for k, v in timings.items()})
+        return stats
 
     def check_weights_equal(self) -> dict:
         """Compare every parameter, in the engines' dtype, with what each engine reports

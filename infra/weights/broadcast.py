@@ -2,31 +2,83 @@
 
 Rank 0 is rank 0 of a weight-update group with every engine rank. Per bucket it posts
 `/update_weights_from_distributed` (names, dtypes, shapes) to every engine and then
-broadcasts the tensors, in the engines' dtype, in the order of the names; the engines
-receive into buffers they allocate from the request. The whole sync runs inside an
-update session on servers that have them.
+broadcasts the bucket in the engines' dtype; the engines receive into buffers they
+allocate from the request. By default a bucket travels as one flat byte buffer
+(`load_format="flattened_bucket"`, which SGLang's engines accept on this route): one
+collective per bucket instead of one per tensor. The whole sync runs inside an update
+session on servers that have them.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from infra.weights.buckets import dtype_name
-from infra.weights.engines import EngineLink, common_dtype, group_layout, update_sessions
-from infra.weights.group import broadcast, close_update_group, open_update_group
+from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
+from infra.weights.engines import EngineLink, common_dtype, group_layout
+from infra.weights.group import broadcast_async, close_update_group, open_update_group
+
+
+def empty_bucket(
+    shapes: list[list[int]], dtype: torch.dtype, flatten: bool, device: torch.device | str = "cpu"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A new, empty payload for a bucket of these shapes in `dtype`, and per tensor a view
+    of it to fill: one flat byte buffer holding the tensors back to back (`flatten`), or the
+    tensors themselves. All share one dtype, so every tensor's byte offset is a multiple of
+    its element size, as SGLang's flattened receiver requires."""
+    if not flatten:
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        return outs, outs
+    sizes = [torch.Size(shape) for shape in shapes]
+    flat = torch.empty(sum(s.numel() for s in sizes), dtype=dtype, device=device)
+    views, offset = [], 0
+    for size in sizes:
+        views.append(flat[offset : offset + size.numel()].view(size))
+        offset += size.numel()
+    return [flat.view(torch.uint8)], views
+
+
+def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors cast to `dtype`, back to back in one new byte buffer (flattened_bucket)."""
+    if not tensors:
+        raise ValueError("pack: an empty bucket")
+    payload, views = empty_bucket([list(t.shape) for t in tensors], dtype, True, tensors[0].device)
+    for view, tensor in zip(views, tensors, strict=True):
+        view.copy_(tensor)
+    return payload[0]
+
+
+@dataclass
+class PendingBucket:
+    """A bucket announced to the engines, whose tensors are still to be broadcast."""
+
+    names: list[str]
+    posts: list[Future]
 
 
 class BroadcastSender:
-    def __init__(self, links: list[EngineLink], group_name: str, timeout_s: float = 300):
+    def __init__(
+        self, links: list[EngineLink], group_name: str, timeout_s: float = 300, flatten: bool = True
+    ):
         self.links = links
         self.group_name = group_name
         self.timeout_s = timeout_s
+        self.flatten = flatten
         self.dtype = common_dtype(links)
         self.group: dist.ProcessGroup | None = None
+        self.device = torch.device("cpu")  # where payloads live: gloo moves CPU tensors, nccl GPU ones
+        # one thread per engine runs its requests in order (session begin, then each bucket's
+        # post) while this thread gathers and broadcasts
+        self._queues = [ThreadPoolExecutor(1, thread_name_prefix="weight-post") for _ in links]
+        self._begins: list[Future] = []  # the open session's begin, per engine
+        self.timings: defaultdict[str, float] = defaultdict(float)
 
     def open(self, address: str, port: int, backend: str) -> None:
         """Form the group: every engine's join request blocks until all ranks are in."""
@@ -36,6 +88,7 @@ class BroadcastSender:
             raise self.peer_error("forming the weight-update group", exc) from exc
 
     def _open(self, address: str, port: int, backend: str) -> None:
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         offsets, world_size = group_layout([link.tp_size for link in self.links])
         with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
             joins = [
@@ -62,18 +115,99 @@ class BroadcastSender:
             for join in joins:
                 join.result(timeout=self.timeout_s)
 
-    def session(self) -> AbstractContextManager[None]:
-        """Wrap a whole sync: every engine inside an update session where it has them."""
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Wrap a whole sync: every engine inside an update session where it has them.
+
+        The session begins in the background (each engine's begin is first on its queue, so
+        its posts follow it): the round trip overlaps the first gather. It ends here, once
+        the sync's buckets are all in; a failed sync still closes the sessions it opened."""
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
-        return update_sessions(self.links)
-
-    def send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
-        """Announce and broadcast one bucket to every engine; returns the bytes sent."""
+        self._begins = [q.submit(self._begin, link) for q, link in zip(self._queues, self.links, strict=True)]
         try:
-            return self._send_bucket(names, tensors, last, version)
+            yield
+            for begin in self._begins:  # a begin that failed fails the sync, buckets or not
+                begin.result(timeout=self.timeout_s)
+        except BaseException:
+            for link, begin in zip(self.links, self._begins, strict=True):
+                with suppress(Exception):  # report the failure that got us here
+                    begin.result(timeout=self.timeout_s)
+                    link.end_session()
+            raise
+        finally:
+            self._begins = []
+        t0 = time.perf_counter()
+        ends = [q.submit(link.end_session) for q, link in zip(self._queues, self.links, strict=True)]
+        for end in ends:
+            end.result(timeout=self.timeout_s)
+        self.timings["session_end_s"] += time.perf_counter() - t0
+
+    def _begin(self, link: EngineLink) -> None:
+        t0 = time.perf_counter()
+        link.begin_session()
+        self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
+
+    def _post(self, index: int, *args) -> dict:
+        if self._begins:  # already done: it ran first on this queue; its failure is the post's
+            self._begins[index].result()
+        return self.links[index].client.update_weights_from_distributed(*args)
+
+    def announce(self, names: list[str], shapes: list[list[int]], last: bool, version: str) -> PendingBucket:
+        """Post the bucket's `/update_weights_from_distributed` to every engine, in the
+        background, and return at once: names, dtypes and shapes are known before the
+        tensors are gathered, so the HTTP round trip overlaps the gathers. The engines then
+        wait in their receive until `transmit`. One bucket at a time: the next may be
+        announced only after this one's `transmit` returned (its receive would take ours)."""
+        if self.group is None:
+            raise RuntimeError("weight sync before the weight-update group was opened")
+        t0 = time.perf_counter()
+        dtypes = [dtype_name(self.dtype)] * len(names)
+        load_format = FLATTENED_BUCKET if self.flatten else None
+        posts = [
+            queue.submit(
+                self._post,
+                i,
+                names,
+                dtypes,
+                [list(s) for s in shapes],
+                self.group_name,
+                last,  # flush the engine's cache once, after the last bucket
+                version,
+                load_format,
+            )
+            for i, queue in enumerate(self._queues)
+        ]
+        self.timings["announce_s"] += time.perf_counter() - t0
+        return PendingBucket(names, posts)
+
+    def allocate(self, shapes: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A new, empty payload for a bucket, in the engines' dtype on the group's device, and
+        per tensor a view of it to fill (then `transmit` the payload). Fresh each call, so
+        the caller may keep it."""
+        return empty_bucket(shapes, self.dtype, self.flatten, self.device)
+
+    def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The payload of these tensors, cast to the engines' dtype (one copy each)."""
+        t0 = time.perf_counter()
+        payload, views = self.allocate([list(t.shape) for t in tensors])
+        for view, tensor in zip(views, tensors, strict=True):
+            view.copy_(tensor)
+        self.timings["pack_s"] += time.perf_counter() - t0
+        return payload
+
+    def transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+        """Broadcast a prepared payload to the engines that `pending` announced it to, and
+        wait for their replies; returns the bytes sent."""
+        try:
+            return self._transmit(pending, payload)
         except Exception as exc:
             raise self.peer_error("weight sync", exc) from exc
+
+    def send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
+        """Announce, prepare and broadcast one bucket of tensors; returns the bytes sent."""
+        pending = self.announce(names, [list(t.shape) for t in tensors], last, version)
+        return self.transmit(pending, self.prepare(tensors))
 
     def peer_error(self, what: str, exc: Exception) -> RuntimeError:
         """The error of a failed group step, naming the engines that no longer answer (a gloo
@@ -82,28 +216,36 @@ class BroadcastSender:
         who = f"engine {', '.join(dead)} not answering" if dead else f"engines {[k.url for k in self.links]}"
         return RuntimeError(f"{what} failed ({who}): {type(exc).__name__}: {exc}")
 
-    def _send_bucket(self, names: list[str], tensors: list[torch.Tensor], last: bool, version: str) -> int:
-        sent = [t.to(self.dtype).contiguous() for t in tensors]
-        dtypes = [dtype_name(t.dtype) for t in sent]
-        shapes = [list(t.shape) for t in sent]
-        with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
-            posts = [
-                pool.submit(
-                    link.client.update_weights_from_distributed,
-                    names,
-                    dtypes,
-                    shapes,
-                    self.group_name,
-                    last,  # flush the engine's cache once, after the last bucket
-                    version,
-                )
-                for link in self.links
-            ]
-            for tensor in sent:
-                broadcast(self.group, tensor, src=0)
-            for post in posts:
-                post.result(timeout=self.timeout_s)
-        return sum(t.numel() * t.element_size() for t in sent)
+    def _transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+        for begin in self._begins:
+            # the engines cannot receive before their session began (nothing is lost waiting:
+            # their posts follow it); a begin that failed must not leave a broadcast hanging
+            begin.result(timeout=self.timeout_s)
+        for post in pending.posts:
+            if post.done():  # refused before its receive (e.g. 400): broadcasting would only hang
+                post.result()
+        t0 = time.perf_counter()
+        # all in flight at once, as SGLang's receiver posts them; waited in order
+        works = [broadcast_async(self.group, tensor, src=0) for tensor in payload]
+        for work in works:
+            work.wait()
+        t1 = time.perf_counter()
+        for post in pending.posts:
+            # the built-in engine reports its own phases; SGLang reports none ({})
+            for key, seconds in (post.result(timeout=self.timeout_s) or {}).items():
+                self.timings[f"engine_{key}"] += seconds
+        t2 = time.perf_counter()
+        self.timings["broadcast_s"] += t1 - t0
+        self.timings["reply_wait_s"] += t2 - t1
+        return sum(t.numel() * t.element_size() for t in payload)
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds per phase since the last call, summed over buckets and engines:
+        `session_begin_s` (round trips run in the background), `announce_s`, `pack_s`
+        (`prepare` only), `broadcast_s`, `reply_wait_s`, `session_end_s`, and the engines'
+        own `engine_time_receive_s` / `engine_time_load_s` where they report them."""
+        out, self.timings = dict(self.timings), defaultdict(float)
+        return out
 
     def close(self) -> None:
         """Destroy the group on every engine, then here (each side tears down its own end)."""
@@ -116,5 +258,7 @@ class BroadcastSender:
         if self.group is not None:
             close_update_group(self.group)
             self.group = None
+        for queue in self._queues:
+            queue.shutdown(wait=False)
         if errors:
             raise RuntimeError(f"destroy_weights_update_group failed on {errors}")

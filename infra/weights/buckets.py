@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import torch
 
+# SGLang's `load_format` for a bucket broadcast as one uint8 buffer: the tensors' bytes back
+# to back, in the order of the names (its FlattenedTensorBucket layout, no padding)
+FLATTENED_BUCKET = "flattened_bucket"
+
 
 def bucket_params(named_sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
     """Split `(name, nbytes)` pairs, in order, into buckets of at most `bucket_bytes`.

@@ -8,8 +8,6 @@ from a version string.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import torch
@@ -112,21 +110,3 @@ def common_dtype(links: list[EngineLink]) -> torch.dtype:
             f"engines hold weights in different dtypes ({found}); one broadcast cannot serve them"
         )
     return dtypes.pop()
-
-
-@contextmanager
-def update_sessions(links: list[EngineLink]) -> Iterator[None]:
-    """Every engine inside an update session (where it has them) for the duration."""
-    opened: list[EngineLink] = []
-    try:
-        for link in links:
-            link.begin_session()
-            opened.append(link)
-        yield
-    except BaseException:
-        for link in opened:  # close what was opened, but report the failure that got us here
-            with suppress(EngineError):
-                link.end_session()
-        raise
-    for link in opened:
-        link.end_session()

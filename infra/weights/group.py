@@ -79,8 +79,14 @@ def close_update_group(group: dist.ProcessGroup) -> None:
         group.shutdown()
 
 
-def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None:
-    """Broadcast `tensor` in place from rank `src` of `group` (a send on src, a receive elsewhere)."""
+def broadcast_async(group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> dist.Work:
+    """Start broadcasting `tensor` in place from rank `src` of `group`; `.wait()` the result.
+    Several may be in flight: the group runs them in the order they were started."""
     opts = dist.BroadcastOptions()
     opts.rootRank = src
-    group.broadcast([tensor], opts).wait()
+    return group.broadcast([tensor], opts)
+
+
+def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None:
+    """Broadcast `tensor` in place from rank `src` of `group` (a send on src, a receive elsewhere)."""
+    broadcast_async(group, tensor, src).wait()

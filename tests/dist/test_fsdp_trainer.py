@@ -255,8 +255,11 @@ class _QueueEngine:
     ):
         self.queue.put(("init", master_address, master_port, rank_offset, world_size, group_name, backend))
 
-    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache, weight_version):
-        self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version))
+    def update_weights_from_distributed(
+        self, names, dtypes, shapes, group_name, flush_cache, weight_version, load_format=None
+    ):
+        self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version, load_format))
+        return {}
 
     def destroy_weights_update_group(self, group_name) -> None:
         self.queue.put(("destroy", group_name))
@@ -267,11 +270,31 @@ def _receiver(queue, out: str) -> None:
     group = open_update_group(addr, port, rank, world_size, group_name=group_name, backend=backend)
     received, requests = {}, []
     while (msg := queue.get(timeout=120))[0] == "update":
-        _, names, dtypes, shapes, flush_cache, version = msg
-        requests.append({"names": names, "flush_cache": flush_cache, "weight_version": version})
-        for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-            received[name] = torch.empty(shape, dtype=getattr(torch, dtype))
-            broadcast(group, received[name], src=0)
+        _, names, dtypes, shapes, flush_cache, version, load_format = msg
+        requests.append(
+            {
+                "names": names,
+                "flush_cache": flush_cache,
+                "weight_version": version,
+                "load_format": load_format,
+            }
+        )
+        parsed = [
+            (name, getattr(torch, dtype), torch.Size(shape))
+            for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+        ]
+        if load_format == "flattened_bucket":  # one byte buffer, the tensors back to back
+            flat = torch.empty(sum(s.numel() * d.itemsize for _, d, s in parsed), dtype=torch.uint8)
+            broadcast(group, flat, src=0)
+            offset = 0
+            for name, dtype, shape in parsed:
+                n = shape.numel() * dtype.itemsize
+                received[name] = flat[offset : offset + n].view(dtype).view(shape)
+                offset += n
+        else:
+            for name, dtype, shape in parsed:
+                received[name] = torch.empty(shape, dtype=dtype)
+                broadcast(group, received[name], src=0)
     close_update_group(group)
     torch.save({"received": received, "requests": requests, "last": msg, "rank": rank}, f"{out}/d_recv.pt")
 
@@ -308,6 +331,7 @@ def test_update_weights_broadcasts_every_parameter_in_order(model_dir, tmp_path)
     assert [name for r in requests for name in r["names"]] == list(sent["full"])  # parameter order
     assert [r["flush_cache"] for r in requests] == [False] * (len(requests) - 1) + [True]
     assert {r["weight_version"] for r in requests} == {"3"}
+    assert {r["load_format"] for r in requests} == {"flattened_bucket"}  # one broadcast per bucket
     assert recv["last"] == ("destroy", "sync") and recv["rank"] == 1  # the group ends on the engine too
     for name, tensor in sent["full"].items():
         assert torch.equal(recv["received"][name], tensor), name

@@ -67,7 +67,13 @@ def recorded() -> Iterator[list[dict]]:
         client.init_weights_update_group("10.0.0.1", 29500, 1, 3, "wu-1", backend="nccl")
         client.begin_weight_update()
         client.update_weights_from_distributed(
-            ["a.weight", "b.bias"], ["bfloat16", "float32"], [[4, 2], [2]], "wu-1", True, "8"
+            ["a.weight", "b.bias"],
+            ["bfloat16", "float32"],
+            [[4, 2], [2]],
+            "wu-1",
+            True,
+            "8",
+            "flattened_bucket",
         )
         client.end_weight_update()
         client.update_weights_from_disk("/ckpt/hf/latest", weight_version="9")
@@ -133,6 +139,7 @@ def test_weight_update_group_and_session(replayed):
     assert upd["names"] == ["a.weight", "b.bias"] and upd["dtypes"] == ["bfloat16", "float32"]
     assert upd["shapes"] == [[4, 2], [2]] and upd["group_name"] == "wu-1"
     assert upd["flush_cache"] is True and upd["weight_version"] == "8"
+    assert upd["load_format"] == "flattened_bucket"  # one broadcast for the whole bucket
     _one(replayed, "/end_weight_update")
     _, destroy = _one(replayed, "/destroy_weights_update_group")
     assert destroy["group_name"] == "wu-1"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from infra.cluster.network import free_port
+from infra.weights.broadcast import pack
 from infra.weights.group import broadcast, close_update_group, open_update_group
 from tests.sglang.conftest import spawn
 
@@ -25,10 +26,14 @@ BUCKET = [  # a real bucket: several tensors, mixed dtypes, bfloat16 among them
 ]
 
 
-def _bucket(seed: int) -> list[torch.Tensor]:
+# what BroadcastSender sends as one flattened_bucket: every tensor in the engines' dtype
+FLAT_BUCKET = [("bfloat16", [64, 32]), ("bfloat16", [32]), ("bfloat16", [8, 4, 2]), ("bfloat16", [1])]
+
+
+def _bucket(seed: int, spec: list = BUCKET) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for dtype, shape in BUCKET:
+    for dtype, shape in spec:
         if dtype == "int64":
             out.append(torch.randint(-(2**40), 2**40, shape, generator=gen))
         else:
@@ -36,11 +41,11 @@ def _bucket(seed: int) -> list[torch.Tensor]:
     return out
 
 
-def _trainer(port: int, world_size: int, name: str, tensors: list[torch.Tensor]) -> None:
+def _trainer(port: int, world_size: int, name: str, tensors: list[torch.Tensor], flat: bool) -> None:
     group = open_update_group(
         "127.0.0.1", port, rank=0, world_size=world_size, group_name=name, timeout_s=120
     )
-    for tensor in tensors:
+    for tensor in [pack(tensors, tensors[0].dtype)] if flat else tensors:
         broadcast(group, tensor, src=0)
     close_update_group(group)
 
@@ -52,13 +57,29 @@ def _trainer(port: int, world_size: int, name: str, tensors: list[torch.Tensor])
 def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path: Path, engine_ranks):
     world_size = 1 + len(engine_ranks)
     groups = [
-        {"name": f"wu-{tmp_path.name}-a", "port": free_port(), "seed": 0},
-        {"name": f"wu-{tmp_path.name}-b", "port": free_port(), "seed": 1},
+        {"name": f"wu-{tmp_path.name}-a", "port": free_port(), "seed": 0, "tensors": BUCKET},
+        {"name": f"wu-{tmp_path.name}-b", "port": free_port(), "seed": 1, "tensors": BUCKET},
+        # our sender's flattened_bucket, received by SGLang's own FlattenedTensorBucket
+        {
+            "name": f"wu-{tmp_path.name}-c",
+            "port": free_port(),
+            "seed": 2,
+            "tensors": FLAT_BUCKET,
+            "flat": True,
+        },
     ]
     spec = {
         "address": "127.0.0.1",
         "world_size": world_size,
-        "groups": [{"name": g["name"], "port": g["port"], "tensors": BUCKET} for g in groups],
+        "groups": [
+            {
+                "name": g["name"],
+                "port": g["port"],
+                "tensors": g["tensors"],
+                "load_format": "flattened_bucket" if g.get("flat") else None,
+            }
+            for g in groups
+        ],
     }
     procs = [
         spawn(
@@ -74,8 +95,9 @@ def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path
         with ThreadPoolExecutor(1) as pool:
             # the first group is destroyed on every side before the second one opens
             for g in groups:
-                sent = _bucket(g["seed"])
-                pool.submit(_trainer, g["port"], world_size, g["name"], sent).result(timeout=240)
+                sent = _bucket(g["seed"], g["tensors"])
+                flat = bool(g.get("flat"))
+                pool.submit(_trainer, g["port"], world_size, g["name"], sent, flat).result(timeout=240)
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
             assert proc.returncode == 0, out[-6000:]
@@ -83,7 +105,7 @@ def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path
         for proc in procs:
             proc.kill()
     for g in groups:
-        sent = _bucket(g["seed"])
+        sent = _bucket(g["seed"], g["tensors"])
         for r in ranks:
             got = torch.load(tmp_path / f"rank{r}-{g['name']}.pt")
             assert [t.dtype for t in got] == [t.dtype for t in sent]

@@ -22,7 +22,8 @@ from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.weights.engines import EngineLink, update_sessions
+from infra.weights.broadcast import BroadcastSender, pack
+from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,6 +186,34 @@ def test_weight_update_over_group(client):
         client.end_weight_update()
         assert torch.equal(torch.tensor(client.get_weights_by_name(PARAMS[1])), new[1])
 
+        # SGLang's flattened_bucket: one uint8 broadcast, the tensors' bytes back to back
+        flat_new = [torch.randn(64, 256), torch.randn(64)]
+        client.begin_weight_update()
+        shapes = [list(t.shape) for t in flat_new]
+        posted = pool.submit(
+            client.update_weights_from_distributed,
+            PARAMS,
+            ["float32"] * 2,
+            shapes,
+            group_name,
+            True,
+            "8",
+            "flattened_bucket",
+        )
+        broadcast(group, pack(flat_new, torch.float32), src=0)
+        timings = posted.result(timeout=60)
+        with pytest.raises(EngineError, match="load_format"):  # refused before any receive
+            client.update_weights_from_distributed(
+                PARAMS, ["float32"] * 2, shapes, group_name, True, "9", "x"
+            )
+        client.end_weight_update()
+        for name, tensor in zip(PARAMS, flat_new, strict=True):
+            assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor[:100])
+        assert client.model_info()["weight_version"] == "8"
+        assert client.generate([[1, 2]], {"max_new_tokens": 2})[0]["meta_info"]["weight_version"] == "8"
+        # the engine's own phase times, from the reply's header (the body is SGLang's)
+        assert set(timings) == {"time_receive_s", "time_load_s"} and min(timings.values()) >= 0
+
     client.destroy_weights_update_group(group_name)
     client.begin_weight_update()
     with pytest.raises(EngineError, match="group_name"):
@@ -193,11 +222,28 @@ def test_weight_update_over_group(client):
 
     # the sync's session wrapper: probes once, and a sync that fails still closes the session
     link = EngineLink(client, rank_offset=1, tp_size=1, dtype=torch.float32)
-    with pytest.raises(KeyError), update_sessions([link]):
+    sender = BroadcastSender([link], f"{group_name}-2", timeout_s=60)
+    sender.open("127.0.0.1", free_port(), "gloo")
+    for flatten in (True, False):  # one flat buffer, then one broadcast per tensor
+        sender.flatten = flatten
+        sent = [torch.randn(64, 256), torch.randn(64)]
+        with sender.session():
+            assert sender.send_bucket(PARAMS, sent, True, f"flat-{flatten}") == 4 * (64 * 256 + 64)
+        for name, tensor in zip(PARAMS, sent, strict=True):
+            assert torch.equal(torch.tensor(client.get_weights_by_name(name)), tensor[:100])
+        assert client.model_info()["weight_version"] == f"flat-{flatten}"
+    with pytest.raises(KeyError), sender.session():
         raise KeyError("a failed sync")
     assert link.has_session is True
     client.begin_weight_update()  # would fail had the session stayed open
+    with pytest.raises(RuntimeError, match="already open"), sender.session():
+        pass  # a begin that fails fails the sync, even one without buckets
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="already open"), sender.session():
+        sender.send_bucket(PARAMS, sent, True, "never")  # fails before its broadcast
+    assert time.monotonic() - t0 < 30  # not the group's 60 s timeout: the group stays in step
     client.end_weight_update()
+    sender.close()
 
 
 def test_session_off_speaks_the_older_protocol(model_dir):

@@ -2,11 +2,13 @@
 
 Joins with `sglang.srt.utils.common.init_custom_process_group` as SGLang's model runner
 does (rank = rank_offset + tp_rank), receives each tensor of the bucket with
-`torch.distributed.broadcast(t, src=0, group=pg)`, saves what arrived, destroys the group.
+`torch.distributed.broadcast(t, src=0, group=pg)` (or, for a group with
+`"load_format": "flattened_bucket"`, the whole bucket as SGLang's own FlattenedTensorBucket
+buffer), saves what arrived, destroys the group.
 It does that for each group named in the spec, in order.
 
 usage: engine_rank.py SPEC_JSON OUT_PREFIX
-spec: {"address", "world_size", "rank_offset", "tp_rank", "groups": [{"name", "port", "tensors": [[dtype, shape], ...]}]}
+spec: {"address", "world_size", "rank_offset", "tp_rank", "groups": [{"name", "port", "tensors": [[dtype, shape], ...], "load_format"?}]}
 """
 
 import json
@@ -16,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from sglang.srt.utils.common import init_custom_process_group
+from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
 
 def main() -> None:
@@ -30,7 +33,14 @@ def main() -> None:
             timeout=timedelta(seconds=60),
         )
         received = []
-        for dtype, shape in group["tensors"]:
+        if group.get("load_format") == "flattened_bucket":
+            # as SGLang's weight updater receives that format: one buffer, then views
+            specs = group["tensors"]
+            names = [f"t{i}" for i in range(len(specs))]
+            bucket = FlattenedTensorBucket.empty(names, [d for d, _ in specs], [s for _, s in specs], "cpu")
+            dist.broadcast(bucket.get_flattened_tensor(), src=0, group=pg)
+            received = [tensor.clone() for _, tensor in bucket.reconstruct_tensors()]
+        for dtype, shape in [] if received else group["tensors"]:
             tensor = torch.empty(shape, dtype=getattr(torch, dtype))
             dist.broadcast(tensor, src=0, group=pg)
             received.append(tensor)
