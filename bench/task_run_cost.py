@@ -3,7 +3,7 @@ in one Ray session, no-op tasks submitted one after another:
 - prefect-ray's own, then its logs and states sent to the API before the result returns;
 - the same with Prefect's settings and API client reused per process (flows/context_cache.py);
 - this project's runner (flows/runner.py): reused, and a completed task run's logs and
-  states sent in the background (flows/reporting.py).
+  states left to the worker's running Prefect services (flows/reporting.py).
 
     python -m bench.task_run_cost [--tasks 30]
 
