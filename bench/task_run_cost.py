@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
     )
     print(
         ratio_line(
-            "task run, reports before the result / in the background",
+            "task run, reports before the result / left to the running services",
             [b / t for b, t in zip(rounds["reused_blocking_ms"], rounds["this_runner_ms"], strict=True)],
             "none (diagnostic)",
         )
