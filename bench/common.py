@@ -31,3 +31,14 @@ def checkout(ref: str, into: Path) -> Path | None:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], stdout=subprocess.PIPE, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
+
+
+def sides(baseline: str | None, tmp: Path) -> dict[str, Path]:
+    """Where each side's code is: this checkout, and first the `baseline` commit's tree
+    (checked out under `tmp`) when one is given and this repository has it."""
+    if baseline:
+        base = checkout(baseline, tmp / "baseline")
+        if base is not None:
+            return {f"baseline {baseline[:10]}": base, "this code": REPO}
+        print(f"baseline {baseline}: not in this repository, not measured")
+    return {"this code": REPO}

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, checkout, ratio_line, spread
+from bench.common import ratio_line, sides, spread
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
@@ -91,16 +91,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     print(f"demo, {args.iterations} iterations, {args.repeats} run(s) per side {' '.join(args.overrides)}")
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"this code": REPO}
-        if args.baseline:
-            base = checkout(args.baseline, Path(tmp) / "baseline")
-            if base is None:
-                print(f"baseline {args.baseline}: not in this repository, not measured")
-            else:
-                sides = {f"baseline {args.baseline[:10]}": base, **sides}
-        runs: dict[str, list[dict]] = {name: [] for name in sides}
+        code_of = sides(args.baseline, Path(tmp))
+        runs: dict[str, list[dict]] = {name: [] for name in code_of}
         for _ in range(args.repeats):
-            for name, code in sides.items():
+            for name, code in code_of.items():
                 runs[name].append(run_once(args.iterations, args.overrides, code))
                 print(f"{name}: {json.dumps(runs[name][-1])}", flush=True)
     for name, results in runs.items():

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, checkout, ratio_line, spread
+from bench.common import ratio_line, sides, spread
 from infra.config_files import load_config
 from infra.handles import STARTUP_FILE
 from infra.storage.fs import RunStore
@@ -86,16 +86,10 @@ def main(argv: list[str]) -> int:
     # other work on the machine shifts every figure: its load is part of the result
     print(f"load average (1, 5, 15 min) before the runs: {_load()}")
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"this code": REPO}
-        if args.baseline:
-            base = checkout(args.baseline, Path(tmp) / "baseline")
-            if base is None:
-                print(f"baseline {args.baseline}: not in this repository, not measured")
-            else:
-                sides = {f"baseline {args.baseline[:10]}": base, **sides}
-        runs: dict[str, list] = {name: [] for name in sides}
+        code_of = sides(args.baseline, Path(tmp))
+        runs: dict[str, list] = {name: [] for name in code_of}
         for i in range(args.repeats):
-            for j, (name, code) in enumerate(sides.items()):
+            for j, (name, code) in enumerate(code_of.items()):
                 overrides = [
                     "num_rollout=1",
                     "checkpoint.resume=fresh",
