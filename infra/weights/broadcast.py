@@ -45,14 +45,21 @@ def empty_bucket(
     return [flat.view(torch.uint8)], views
 
 
+def filled_bucket(
+    tensors: list[torch.Tensor], dtype: torch.dtype, flatten: bool, device: torch.device | str
+) -> list[torch.Tensor]:
+    """A new payload (see `empty_bucket`) holding these tensors, cast to `dtype` (one copy each)."""
+    payload, views = empty_bucket([list(t.shape) for t in tensors], dtype, flatten, device)
+    for view, tensor in zip(views, tensors, strict=True):
+        view.copy_(tensor)
+    return payload
+
+
 def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """The tensors cast to `dtype`, back to back in one new byte buffer (flattened_bucket)."""
     if not tensors:
         raise ValueError("pack: an empty bucket")
-    payload, views = empty_bucket([list(t.shape) for t in tensors], dtype, True, tensors[0].device)
-    for view, tensor in zip(views, tensors, strict=True):
-        view.copy_(tensor)
-    return payload[0]
+    return filled_bucket(tensors, dtype, True, tensors[0].device)[0]
 
 
 @dataclass
@@ -190,9 +197,7 @@ class BroadcastSender:
     def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The payload of these tensors, cast to the engines' dtype (one copy each)."""
         t0 = time.perf_counter()
-        payload, views = self.allocate([list(t.shape) for t in tensors])
-        for view, tensor in zip(views, tensors, strict=True):
-            view.copy_(tensor)
+        payload = filled_bucket(tensors, self.dtype, self.flatten, self.device)
         self.timings["pack_s"] += time.perf_counter() - t0
         return payload
 
