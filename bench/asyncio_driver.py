@@ -6,8 +6,10 @@ The driver brings up the same RLSystem and calls the same RunHandles methods, wi
 same one-step-ahead overlap as flows/train.py (generate k+1 runs in a thread while train k
 runs in another), but no Prefect: it is the loop's cost without orchestration. Both sides
 run the demo config for the same iterations, alternating flow, driver, flow, driver...; each
-records `time_iteration_s` per iteration the same way, and iteration 0 (warm-up) is left
-out. The figure is the ratio of the median seconds per iteration, flow / driver.
+records when each iteration started (`time_started_unix`), and seconds per iteration are
+from one start to the next (so whatever either side overlaps across iterations counts as
+it runs), iteration 0 (warm-up) left out. The figure is the ratio of the median seconds per
+iteration, flow / driver.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import ratio_line, spread
+from bench.common import ratio_line, spread, start_to_start
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -47,7 +49,7 @@ async def drive(cfg: RunConfig) -> None:
         ahead = cfg.mode == "async"
         future, ready = later(run.generate, start), None
         for k in range(start, schedule.num_rollout):
-            t0 = time.monotonic()
+            t0, row_started = time.monotonic(), time.time()
             if future is None and ready is None:
                 future = later(run.generate, k)
             if future is not None:
@@ -64,6 +66,7 @@ async def drive(cfg: RunConfig) -> None:
                 result = await asyncio.to_thread(run.evaluate, k)
                 row.update({key: v for key, v in result.items() if key != "examples"})
             row["time_iteration_s"] = time.monotonic() - t0
+            row["time_started_unix"] = row_started
             run.record(row)
             if schedule.save_after(k):
                 if future is not None:
@@ -84,9 +87,9 @@ def _run_flow(cfg: RunConfig) -> None:
 
 def _per_iteration(cfg: RunConfig) -> float:
     rows = read_metrics(RunStore(cfg.storage, cfg.run_name))
-    times = [r["time_iteration_s"] for r in rows if "time_iteration_s" in r and r["rollout_id"] > 0]
-    if len(times) != cfg.num_rollout - 1:
-        raise RuntimeError(f"{cfg.run_name}: {len(times)} iteration rows, expected {cfg.num_rollout - 1}")
+    times = list(start_to_start(rows).values())
+    if len(times) != cfg.num_rollout - 2:
+        raise RuntimeError(f"{cfg.run_name}: {len(times)} iteration periods, expected {cfg.num_rollout - 2}")
     return statistics.median(times)
 
 
@@ -109,7 +112,8 @@ def main() -> None:
                     _run_flow(cfg)
                 times.append(_per_iteration(cfg))
                 print(
-                    f"repeat {i} {side}: {times[-1]:.3f} s/iteration (median of iterations 1..)", flush=True
+                    f"repeat {i} {side}: {times[-1]:.3f} s/iteration (median, start to start, of iterations 1..)",
+                    flush=True,
                 )
     print(
         f"config: {args.config} {' '.join(args.overrides)}; {args.iterations} iterations; {os.cpu_count()} cores"

@@ -21,6 +21,15 @@ def ratio_line(name: str, ratios: Sequence[float], goal: str) -> str:
     return f"RATIO {name}: {spread(ratios, '{:.2f}x')}; goal {goal}"
 
 
+def start_to_start(rows: Sequence[dict]) -> dict[int, float]:
+    """Seconds from each iteration's start to the next one's (`time_started_unix` of the
+    metrics rows), the first iteration (warm-up, waiting for the first generate) left out:
+    what the loop's throughput is made of, whatever the flow overlaps across iterations."""
+    starts = {r["rollout_id"]: r["time_started_unix"] for r in rows if "time_started_unix" in r}
+    first = min(starts, default=0)
+    return {k: starts[k + 1] - t for k, t in starts.items() if k > first and k + 1 in starts}
+
+
 def checkout(ref: str, into: Path) -> Path | None:
     """The tree of commit `ref` in `into` (None when this repository lacks it), to run a
     baseline side by side with this code."""

@@ -7,12 +7,15 @@ With `--baseline`, the same run also goes from a checkout of that commit, altern
 this code's runs so both see the same machine load, and the ratios of the two sides' medians
 are printed per repeat.
 
-Per iteration (the first, which waits for the first generate, is left out):
-  overhead = iteration - max(generate, train + sync) - eval
-  overlap efficiency = max(generate, train + sync) / iteration
-`period` is the time from one iteration's start to the next one's, so it also counts what
-the flow does after `time_iteration_s` is taken (the metrics row, a checkpoint save); with
-`--save-iterations` the median period of the iterations that saved is printed apart.
+Per iteration k, from its start to the next one's (the period: what the loop's throughput
+is made of; the first iteration, which waits for the first generate, is left out, and so
+are iterations next to an eval or a save, which have their own costs):
+  overhead = period - max(generate, train + sync)
+  overlap efficiency = max(generate, train + sync) / period
+An iteration starts when its training can: when the flow starts it, or, where it was
+submitted ahead (flows/ahead.py), when the previous sync returned. `iteration_s` is the
+median of the rows' own `time_iteration_s`; `period_save_s` the median period of the
+iterations that saved (by the flow's own schedule).
 """
 
 from __future__ import annotations
@@ -26,28 +29,34 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ratio_line, sides, spread
+from bench.common import ratio_line, sides, spread, start_to_start
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
     rows = sorted(rows, key=lambda r: r["rollout_id"])
-    starts = {r["rollout_id"]: r["time_started_unix"] for r in rows}
     steady = rows[1:]
+    evaluated = {r["rollout_id"] for r in rows if "time_eval_s" in r}
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
 
     def busy(r: dict) -> float:
         return max(r["time_generate_s"], r["time_train_s"] + r.get("time_sync_s", 0.0))
 
-    periods = {k: starts[k + 1] - starts[k] for k in starts if k + 1 in starts and k > 0}
+    periods = start_to_start(rows)
+    special = saved | evaluated
+    plain = [
+        r
+        for r in steady
+        if r["rollout_id"] in periods and not {r["rollout_id"], r["rollout_id"] - 1} & special
+    ]
     return {
-        "iterations": len(steady),
+        "iterations": len(plain),
         "iteration_s": med([r["time_iteration_s"] for r in steady]),
-        "generate_s": med([r["time_generate_s"] for r in steady]),
-        "train_s": med([r["time_train_s"] for r in steady]),
-        "sync_s": med([r.get("time_sync_s", 0.0) for r in steady]),
-        "overhead_s": med([r["time_iteration_s"] - busy(r) - r.get("time_eval_s", 0.0) for r in steady]),
-        "overlap_efficiency": med([busy(r) / r["time_iteration_s"] for r in steady]),
-        "period_s": med([p for k, p in periods.items() if k not in saved]),
+        "generate_s": med([r["time_generate_s"] for r in plain]),
+        "train_s": med([r["time_train_s"] for r in plain]),
+        "sync_s": med([r.get("time_sync_s", 0.0) for r in plain]),
+        "overhead_s": med([periods[r["rollout_id"]] - busy(r) for r in plain]),
+        "overlap_efficiency": med([busy(r) / periods[r["rollout_id"]] for r in plain]),
+        "period_s": med([periods[r["rollout_id"]] for r in plain]),
         "period_save_s": med([p for k, p in periods.items() if k in saved]),
     }
 

@@ -1,4 +1,5 @@
-"""The generate task run submitted one iteration ahead, and the batch it produced.
+"""Task runs submitted ahead of the iteration that needs them: the generate one iteration
+ahead with the batch it produced, and the next iteration's training behind this one's sync.
 
 The seed's loop keeps one `next` future: wait it for this iteration's data, submit the next
 generate, and wait it again before a weight sync (no generation in flight while weights
@@ -39,3 +40,31 @@ class GenerateAhead:
         self.drain()
         ready, self._ready = self._ready, None
         return ready
+
+
+class TrainingAhead:
+    """The training task runs (actor, and critic in ppo) of an iteration, submitted during
+    the iteration before, behind its weight sync.
+
+    Prefect holds such a task run until its upstream is done, and the Ray worker runs it
+    then: training k+1 starts as the sync of k ends, instead of after the flow has read the
+    sync's result and submitted it (its result, a new submit, the task run's start-up: about
+    0.1 s an iteration on the demo, each on the critical path). The sync itself waits for the
+    batch generated ahead, so no training or generation runs while weights change.
+    """
+
+    def __init__(self, submit: Callable[[int, list[PrefectFuture]], list[PrefectFuture]]) -> None:
+        self._submit = submit  # (rollout_id, wait_for) -> futures of that iteration's training
+        self._ahead: dict[int, list[PrefectFuture]] = {}
+
+    def submit(self, rollout_id: int, after: list[PrefectFuture]) -> None:
+        self._ahead[rollout_id] = self._submit(rollout_id, after)
+
+    def submitted(self, rollout_id: int) -> bool:
+        return rollout_id in self._ahead
+
+    def take(self, rollout_id: int) -> list[PrefectFuture]:
+        """The training of `rollout_id`: submitted ahead, or now."""
+        if rollout_id in self._ahead:
+            return self._ahead.pop(rollout_id)
+        return self._submit(rollout_id, [])

@@ -20,7 +20,7 @@ import time
 from prefect import flow, get_run_logger
 from prefect_ray.context import remote_options
 
-from flows.ahead import GenerateAhead
+from flows.ahead import GenerateAhead, TrainingAhead
 from flows.artifacts import RunArtifacts
 from flows.prefect_api import ApiServerStart, worker_env
 from flows.results import persisted
@@ -95,10 +95,20 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
 
         ahead = config.mode == "async"
         batches = GenerateAhead(lambda k, after: generate_.submit(run, k, wait_for=after))
+
+        def submit_training(k: int, after: list) -> list:
+            # ppo: the critic trains beside the actor; the actor sits out critic-only iterations
+            critic = critic_.submit(run, k, wait_for=after) if config.critic.enabled else None
+            actor = train_.submit(run, k, wait_for=after) if schedule.actor_trains(k) else None
+            return [f for f in (critic, actor) if f is not None]
+
+        training = TrainingAhead(submit_training)
         batches.submit(start)
         row: dict = {}
+        ended = (time.monotonic(), time.time())  # when the last iteration's sync returned
         for k in range(start, schedule.num_rollout):
-            t0, started = time.monotonic(), time.time()
+            # an iteration starts when its training can: now, or as the previous sync ended
+            t0, started = ended if training.submitted(k) else (time.monotonic(), time.time())
             rollout = batches.take(k)
             if k == start:  # where the time from the command to the first generate went
                 log.info("startup, seconds since the command: %s", run.record_startup(rollout))
@@ -107,16 +117,16 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
 
             # colocated (sync mode only, nothing in flight): engines give the trainer the devices
             released = run.release_engines() if config.cluster.colocate else {}
-            # ppo: the critic trains beside the actor; the actor sits out critic-only iterations
-            critic = critic_.submit(run, k) if config.critic.enabled else None
-            actor = train_.submit(run, k) if schedule.actor_trains(k) else None
-            trained = [f for f in (critic, actor) if f is not None]
+            trained = training.take(k)
             # the sync's task run starts now and waits on its worker for training and for the
             # batch generated ahead (no generation may be in flight while weights change): its
             # own start-up overlaps training. Colocated, the engines first get their devices back.
             synced = None
             if schedule.sync_after(k) and not config.cluster.colocate:
                 synced = sync_.submit(run, k + 1, wait_for=trained + batches.in_flight())
+            # so is the next iteration's training, behind that sync (flows/ahead.py)
+            if ahead and not config.cluster.colocate and schedule.train_ahead(k):
+                training.submit(k + 1, after=[synced] if synced else trained + batches.in_flight())
             row = {**rollout, **released, "time_train_s": 0.0}
             for future in trained:
                 row.update(future.result())
@@ -125,6 +135,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             if schedule.sync_after(k):
                 batches.drain()
                 row.update((synced or sync_.submit(run, k + 1)).result())
+            ended = (time.monotonic(), time.time())  # a training submitted ahead starts about now
             if schedule.eval_after(k):
                 result = eval_.submit(run, k).result()
                 report.evaluated(k, result)

@@ -73,5 +73,11 @@ class LoopSchedule:
     def export_hf_after(self, k: int) -> bool:
         return _every(self.hf_export_interval, k) or self.is_last(k)
 
+    def train_ahead(self, k: int) -> bool:
+        """May training of k+1 be submitted during iteration k, to start as soon as k's
+        weight sync (or, between syncs, k's training) is done? Not across a save: the
+        checkpoint of k must hold the weights before k+1's step."""
+        return self.has_next(k) and not self.save_after(k)
+
     def eval_after(self, k: int) -> bool:
         return bool(self.eval_interval) and (_every(self.eval_interval, k) or self.ends_epoch(k))

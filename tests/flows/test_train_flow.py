@@ -73,6 +73,18 @@ def test_async_flow_overlaps_and_keeps_engines_in_sync(prefect_api, tmp_path):
         gen, trn = runs[f"generate-{k + 1:04d}"], runs[f"train-{k:04d}"]
         assert overlaps(gen, trn), (k, gen.start_time, gen.end_time, trn.start_time, trn.end_time)
     assert {"save-0001", "save-0003", "eval-0002", "sync-0000", "sync-0004"} <= set(runs)
+    # no generation or training while weights change: every generate and train task run
+    # lies wholly before or after every sync after the first
+    for v in range(1, 5):
+        for name, r in runs.items():
+            if name.startswith(("generate-", "train-")):
+                assert not overlaps(r, runs[f"sync-{v:04d}"]), (name, v)
+    # the training of iterations 1 and 3 was submitted behind the syncs of 0 and 2 (the flow
+    # had not read them yet); iteration 2 comes after the save of 1, so it was not
+    for k, ahead in ((1, True), (2, False), (3, True)):
+        upstream = {i.id for i in runs[f"train-{k:04d}"].task_inputs.get("wait_for", [])}
+        assert (runs[f"sync-{k:04d}"].id in upstream) == ahead, (k, upstream)
+        assert runs[f"train-{k:04d}"].start_time >= runs[f"sync-{k:04d}"].end_time
 
     store = RunStore(cfg.storage, cfg.run_name)
     rows = read_metrics(store)

@@ -65,3 +65,9 @@ def test_iterations_per_run_stops_early_and_checkpoints():
     assert fired(s.save_after, 9) == [8]  # the stop is checkpointed for the next run
     tail = LoopSchedule.from_config(cfg, 10**6, start=8)
     assert tail.num_rollout == 10  # never past num_rollout
+
+
+def test_train_ahead_never_across_a_save_or_past_the_end():
+    s = make(num_rollout=6, checkpoint={"save_interval": 2})
+    assert fired(s.save_after, 6) == [1, 3, 5]
+    assert fired(s.train_ahead, 6) == [0, 2, 4]
