@@ -3,7 +3,7 @@ object store cheaply and imports neither torch nor pandas."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 SampleStatus = Literal["completed", "truncated", "failed", "aborted"]
@@ -30,7 +30,9 @@ class Sample:
     loss_mask: list[int] | None = None
 
     def to_row(self) -> dict:
-        return asdict(self)
+        # shallow: the row is read, never changed (asdict's deep copy of every token list
+        # was a third of the rollout manager's time writing the rollout's parquet)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
