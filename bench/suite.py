@@ -50,8 +50,9 @@ BENCHES: list[Bench] = [
     Bench("bench.demo_footprint"),
     # the baseline: the commit before the start-up work (it writes the same timeline)
     Bench("bench.startup", ["--baseline", "8079e422257f"]),
-    # the baseline: the commit before the reports were left to the workers' running services
-    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "d0777e8"]),
+    # the baseline: the commit before training was submitted behind the sync
+    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "387ba8a"]),
+    Bench("bench.cpu_budget"),
     Bench("bench.task_run_cost"),
     Bench("bench.seed_robustness", timeout_s=3600),
     Bench("bench.memory_growth"),

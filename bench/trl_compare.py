@@ -1,11 +1,13 @@
 """Our samples/s against TRL's GRPOTrainer at 8 prompts x 8 samples x 4 new tokens.
 
-    python -m bench.trl_compare [--iterations 10 --repeats 3]
+    python -m bench.trl_compare [--iterations 10 --repeats 3] [--ranks 2 1]
 
 Needs the optional bench dependencies (`pip install -e .[bench]`: TRL). Same tiny demo
 model, same task (digit-copy, exact-match reward), same batch: 8 prompts x 8 samples, at
 most 4 new tokens, T=1, one optimizer step per batch, no KL. Ours is the Prefect flow of
-the demo config (async, 2 FSDP2 ranks, 1 built-in engine), seconds per iteration from its
+the demo config (async, 1 built-in engine) with 2 FSDP2 trainer ranks (the default) and,
+in the same run, with 1 (`cluster.trainer.num_workers=1`: on 2 cores the second rank
+costs more in collectives than it adds), seconds per iteration from its
 metrics rows (from one iteration's start to the next); TRL's is GRPOTrainer in one
 process with all cores, seconds per optimizer step from a callback (one step's end to the
 next). Both leave out their first iteration/step (warm-up); samples/s =
@@ -31,13 +33,14 @@ from infra.storage.metrics import read_metrics
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 4
 
 
-def _ours(iterations: int, tmp: str, name: str) -> tuple[float, dict]:
+def _ours(iterations: int, tmp: str, name: str, ranks: int) -> tuple[float, dict]:
     cfg = load_config(
         "configs/tiny-demo.yaml",
         [
             f"num_rollout={iterations}", f"storage.uri={tmp}", f"run_name={name}",
             f"rollout.prompts_per_rollout={PROMPTS}", f"rollout.n_samples_per_prompt={SAMPLES}",
             f"rollout.sampling.max_new_tokens={NEW_TOKENS}", "eval.interval=null",
+            f"cluster.trainer.num_workers={ranks}",
         ],
     )  # fmt: skip
     _run_flow(cfg)
@@ -99,26 +102,36 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 1], help="trainer ranks of our runs")
     args = ap.parse_args()
     batch = PROMPTS * SAMPLES
-    ours, theirs, parts = [], [], []
+    ours: dict[int, list[float]] = {n: [] for n in args.ranks}
+    parts: dict[int, dict] = {}
+    theirs: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            seconds, where = _ours(args.iterations, tmp, f"ours-{i}")
-            ours.append(batch / seconds)
-            parts.append(where)
+            for n in args.ranks:
+                seconds, parts[n] = _ours(args.iterations, tmp, f"ours-{n}-{i}", n)
+                ours[n].append(batch / seconds)
             theirs.append(batch / _trl(args.iterations, os.path.join(tmp, f"trl-{i}")))
-            print(f"repeat {i}: ours {ours[-1]:.1f} samples/s, TRL {theirs[-1]:.1f} samples/s", flush=True)
+            mine = ", ".join(f"ours {n} rank(s) {ours[n][-1]:.1f}" for n in args.ranks)
+            print(f"repeat {i}: {mine}, TRL {theirs[-1]:.1f} samples/s", flush=True)
     print(
         f"{PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} new tokens; {args.iterations} iterations each"
     )
-    print(f"ours (Prefect flow, 2 ranks + 1 engine) samples/s: {spread(ours, '{:.1f}')}")
+    for n in args.ranks:
+        print(f"ours (Prefect flow, {n} rank(s) + 1 engine) samples/s: {spread(ours[n], '{:.1f}')}")
     print(f"TRL GRPOTrainer (1 process, {os.cpu_count()} threads) samples/s: {spread(theirs, '{:.1f}')}")
-    ratios = [o / t for o, t in zip(ours, theirs, strict=True)]
-    print(ratio_line("ours / TRL GRPOTrainer, samples/s", ratios, ">= 0.5x"))
-    print("our iteration, median ms per part (last repeat; the whole is start to start, above):")
-    for key, value in parts[-1].items():
-        print(f"  {key:28s} {value * 1000:8.1f} ms")
+    for n in args.ranks:
+        ratios = [o / t for o, t in zip(ours[n], theirs, strict=True)]
+        label = "ours / TRL GRPOTrainer, samples/s" + ("" if n == 2 else f", {n} trainer rank(s)")
+        print(ratio_line(label, ratios, ">= 0.5x"))
+    for n in args.ranks:
+        print(
+            f"our iteration with {n} rank(s), median ms per part (last repeat; the whole is start to start):"
+        )
+        for key, value in parts[n].items():
+            print(f"  {key:32s} {value * 1000:8.1f} ms")
 
 
 if __name__ == "__main__":

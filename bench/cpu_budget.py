@@ -1,0 +1,80 @@
+"""Where the CPU of a steady-state iteration goes, by process role.
+
+    python -m bench.cpu_budget [--from 5 --to 25] [overrides...]
+
+Runs `python -m flows.train` (the demo, or the overrides) and reads every process's CPU
+time (user + system, from /proc through psutil) when the run has finished `--from`
+iterations and again at `--to`; the difference over the iterations between, per process
+role (bench/process_roles.py), is the CPU each iteration costs there. Against it stands
+the wall time of those iterations times the cores: on a machine where the loop is bound
+by CPU, what the trainer ranks do not use is what orchestration, generation and the
+services cost. A process that starts and ends between the two reads is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+from bench.process_roles import iterations_done, role_of
+
+
+def cpu_by_pid(root: psutil.Process) -> dict[int, tuple[str, float]]:
+    """{pid: (role, CPU seconds so far)} over root and all its descendants."""
+    out = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (role_of(p, root.pid), t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cpu_budget", description=__doc__.split("\n")[0])
+    ap.add_argument("--from", dest="first", type=int, default=5)
+    ap.add_argument("--to", dest="last", type=int, default=25)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = [
+            f"num_rollout={args.last + 2}", f"storage.uri={tmp}", "run_name=cpu", "checkpoint.resume=fresh",
+            *args.overrides,
+        ]  # fmt: skip
+        print("python -m flows.train " + " ".join(settings[1:]))
+        proc = subprocess.Popen([sys.executable, "-m", "flows.train", *settings], stdout=sys.stderr)
+        root, metrics = psutil.Process(proc.pid), Path(tmp) / "cpu" / "metrics.jsonl"
+        reads = []
+        for mark in (args.first, args.last):
+            while iterations_done(metrics) < mark and proc.poll() is None:
+                time.sleep(0.05)
+            reads.append((time.monotonic(), cpu_by_pid(root)))
+        if proc.wait() or len(reads) < 2:
+            raise SystemExit("the run failed")
+    (t0, before), (t1, after) = reads
+    n = args.last - args.first
+    per_role: dict[str, float] = defaultdict(float)
+    for pid, (role, cpu) in after.items():
+        per_role[role] += cpu - before.get(pid, (role, 0.0))[1]
+    wall, cores = (t1 - t0) / n, os.cpu_count() or 1
+    print(f"iterations {args.first}..{args.last}: {wall * 1000:.0f} ms wall each, {cores} cores")
+    print("| role | CPU ms per iteration | share of wall x cores |")
+    print("|---|---|---|")
+    for role, cpu in sorted(per_role.items(), key=lambda kv: -kv[1]):
+        print(f"| {role} | {cpu / n * 1000:.0f} | {cpu / n / (wall * cores):.0%} |")
+    total = sum(per_role.values()) / n
+    print(f"| **total** | {total * 1000:.0f} | {total / (wall * cores):.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
