@@ -80,7 +80,13 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
             log_to_driver=True,
             # Ray kills idle workers beyond this many processes, actors included; the control
             # tasks' warm workers must survive between iterations or every task cold-starts.
-            _system_config={"num_workers_soft_limit": layout.num_processes + 4},
+            # Ray also prestarts one worker per CPU for the first driver, without a runtime
+            # env; every task and actor of a run has one (the job's), so none would ever be
+            # used: on 2 cores their start costs about a CPU-second of everyone's start-up.
+            _system_config={
+                "num_workers_soft_limit": layout.num_processes + 4,
+                "prestart_worker_first_driver": False,
+            },
         )
     return True
 

@@ -19,6 +19,8 @@ from infra.rollout.client import EngineClient, EngineError
 
 _PR_SET_PDEATHSIG = 1
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# A server answers /health within a poll of being up: the run waits on this for its engines.
+HEALTH_POLL_S = 0.05
 
 
 class EngineProcess(subprocess.Popen):
@@ -150,4 +152,4 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> No
         if time.monotonic() > deadline:
             stop_engine(proc)
             raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
-        time.sleep(0.2)
+        time.sleep(HEALTH_POLL_S)
