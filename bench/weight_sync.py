@@ -47,7 +47,15 @@ def _bucket_bytes(trainer) -> list[int]:
     return [sum(sizes[n] for n in names) for names in buckets]
 
 
-def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeats: int, out: str) -> None:
+def _worker(
+    index: int,
+    ports: tuple[int, int],
+    model_dir: str,
+    url: str,
+    repeats: int,
+    out: str,
+    bucket_mb: float | None,
+) -> None:
     from infra.config import RunConfig
     from infra.weights.group import broadcast, close_update_group, open_update_group
 
@@ -67,7 +75,8 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
         return
     from infra.trainer.rank import TrainerRank
 
-    trainer = TrainerRank(RunConfig(), index, 2)
+    overrides = {} if bucket_mb is None else {"weight_sync": {"bucket_size_mb": bucket_mb}}
+    trainer = TrainerRank(RunConfig(**overrides), index, 2)
     trainer.setup(model_dir, {}, ADDR, ports[0])
     trainer.connect_engines([url])
     trainer.open_weight_group("bench-sync")
@@ -124,7 +133,7 @@ ENGINE_PHASES = [
 ]
 
 
-def _run(shape: TinyModelConfig, repeats: int) -> dict:
+def _run(shape: TinyModelConfig, repeats: int, bucket_mb: float | None) -> dict:
     from infra.model.tiny import build_tiny_model
     from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
@@ -137,7 +146,9 @@ def _run(shape: TinyModelConfig, repeats: int) -> dict:
             wait_until_healthy(url, proc, 120)
             out = str(Path(tmp) / "result.json")
             ports = (free_port(), free_port())
-            mp.start_processes(_worker, args=(ports, str(model_dir), url, repeats, out), nprocs=3, join=True)
+            mp.start_processes(
+                _worker, args=(ports, str(model_dir), url, repeats, out, bucket_mb), nprocs=3, join=True
+            )
             return json.loads(Path(out).read_text())
         finally:
             stop_engine(proc)
@@ -171,20 +182,30 @@ def main() -> None:
     ap.add_argument("--hidden-size", type=int, default=384, help="the larger model's width")
     ap.add_argument("--layers", type=int, default=4, help="the larger model's decoder layers")
     ap.add_argument("--intermediate-size", type=int, default=1536, help="the larger model's MLP width")
+    ap.add_argument(
+        "--bucket-size-mb",
+        type=float,
+        default=None,
+        help="weight_sync.bucket_size_mb (default: the config's)",
+    )
+    ap.add_argument("--models", choices=["both", "tiny", "larger"], default="both")
     args = ap.parse_args()
     tiny = TinyModelConfig()
     larger = TinyModelConfig(
         hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size
     )
-    tiny_result = _run(tiny, args.repeats)
-    larger_result = _run(larger, args.repeats)
-    _report("tiny demo model", tiny_result, "weight sync push / raw broadcast of the same bytes, time")
-    shape = f"hidden {larger.hidden_size}, {larger.num_layers} layers, mlp {larger.intermediate_size}"
-    _report(
-        f"larger model ({shape})",
-        larger_result,
-        "weight sync push / raw broadcast of the same bytes, larger model, time",
-    )
+    runs = {"tiny": args.models in ("both", "tiny"), "larger": args.models in ("both", "larger")}
+    tiny_result = _run(tiny, args.repeats, args.bucket_size_mb) if runs["tiny"] else None
+    larger_result = _run(larger, args.repeats, args.bucket_size_mb) if runs["larger"] else None
+    if tiny_result is not None:
+        _report("tiny demo model", tiny_result, "weight sync push / raw broadcast of the same bytes, time")
+    if larger_result is not None:
+        shape = f"hidden {larger.hidden_size}, {larger.num_layers} layers, mlp {larger.intermediate_size}"
+        _report(
+            f"larger model ({shape})",
+            larger_result,
+            "weight sync push / raw broadcast of the same bytes, larger model, time",
+        )
 
 
 if __name__ == "__main__":
