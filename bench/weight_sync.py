@@ -1,22 +1,30 @@
 """Weight sync (the broadcast transport's push) against a raw broadcast of the same bytes.
 
     python -m bench.weight_sync [--repeats 3] [--hidden-size 384 --layers 4 --intermediate-size 1536]
+        [--bucket-size-mb MB] [--models both|tiny|larger]
 
 Two FSDP2 gloo ranks of TrainerRank push their weights to a running built-in engine server:
 the update session (its begin runs beside the first gather), per bucket one
 `/update_weights_from_distributed` request (posted before the bucket's gather, so the two
 overlap), the gather (rank 1 sends rank 0 its shards, into rank 0's send buffer), the
-broadcast (one flat buffer per bucket, SGLang's `flattened_bucket` format), and the
-engine loading them. The baseline, in the same run and right after each push: rank 0
-holds a second group, by the same recipe and backend, with a bare receiver process, and
-broadcasts one flat tensor per bucket of the same byte sizes; no HTTP, no gathers, no
-loading. The engine server cannot take raw bytes (it speaks SGLang's protocol), so the
-baseline's far end is that receiver, not the engine.
+broadcast (one flat buffer per bucket, SGLang's `flattened_bucket` format; it runs while
+the next bucket is gathered), and the engine loading them. The baseline, in the same run
+and right after each push: rank 0 holds a second group, by the same recipe and backend,
+with a bare receiver process, and broadcasts one flat tensor per bucket of the same byte
+sizes from buffers it allocated once; no HTTP, no gathers, no loading. The engine server
+cannot take raw bytes (it speaks SGLang's protocol), so the baseline's far end is that
+receiver, not the engine.
+
+Steady state is measured: the first WARMUP rounds (push and raw broadcast) are not timed.
+A run syncs many times, and on CPU rank 0 fills again the payload buffers of the push
+before the one it keeps, so its third push is the first to find them.
 
 Two models, each in its own run: the tiny demo model (0.55 MiB, where one HTTP round trip
 outweighs the bytes) and a larger one of the same family (the `--hidden-size/--layers/
 --intermediate-size` shape, 36 MiB by default) where the bytes matter. For each, the
-median time of every phase of the push is printed (rank 0's side and the engine's own).
+median time of every phase of the push is printed (rank 0's side and the engine's own);
+`broadcast` and `reply wait` are what rank 0 waited for after its gathers, not the part of
+a broadcast that ran beside the next gather.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 
 ADDR = "127.0.0.1"
+# Untimed rounds first: a run syncs hundreds of times, and rank 0 fills the payload buffers
+# of the push before the one it keeps (CPU), so its third push is the first in steady state.
+WARMUP = 2
 
 
 def _bucket_bytes(trainer) -> list[int]:
@@ -47,7 +58,15 @@ def _bucket_bytes(trainer) -> list[int]:
     return [sum(sizes[n] for n in names) for names in buckets]
 
 
-def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeats: int, out: str) -> None:
+def _worker(
+    index: int,
+    ports: tuple[int, int],
+    model_dir: str,
+    url: str,
+    repeats: int,
+    out: str,
+    bucket_mb: float | None,
+) -> None:
     from infra.config import RunConfig
     from infra.weights.group import broadcast, close_update_group, open_update_group
 
@@ -59,7 +78,7 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
         broadcast(group, meta, src=0)
         sizes = torch.zeros(int(meta), dtype=torch.long)
         broadcast(group, sizes, src=0)
-        for _ in range(repeats):
+        for _ in range(WARMUP + repeats):
             for n in sizes.tolist():
                 broadcast(group, torch.empty(n // 4, dtype=torch.float32), src=0)
             broadcast(group, torch.ones(1), src=1)  # received: the sender's clock stops here
@@ -67,7 +86,8 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
         return
     from infra.trainer.rank import TrainerRank
 
-    trainer = TrainerRank(RunConfig(), index, 2)
+    overrides = {} if bucket_mb is None else {"weight_sync": {"bucket_size_mb": bucket_mb}}
+    trainer = TrainerRank(RunConfig(**overrides), index, 2)
     trainer.setup(model_dir, {}, ADDR, ports[0])
     trainer.connect_engines([url])
     trainer.open_weight_group("bench-sync")
@@ -80,20 +100,25 @@ def _worker(index: int, ports: tuple[int, int], model_dir: str, url: str, repeat
         flats = [torch.randn(n // 4) for n in sizes]
     pushes, phases, raws = [], [], []
     # each repeat times a push, then the raw broadcast right after it: both under the same
-    # load from whatever else shares the machine
-    for v in range(repeats):
+    # load from whatever else shares the machine; the first WARMUP rounds are not recorded
+    for v in range(WARMUP + repeats):
         torch.distributed.barrier()
         t0 = time.perf_counter()
         stats = trainer.update_weights(v + 1)
         torch.distributed.barrier()
-        pushes.append(time.perf_counter() - t0)
-        phases.append({k: val for k, val in stats.items() if k.startswith("time_sync_")})
+        push_s = time.perf_counter() - t0
         if raw_group is not None:
             t0 = time.perf_counter()
             for flat in flats:
                 broadcast(raw_group, flat, src=0)
             broadcast(raw_group, torch.zeros(1), src=1)
-            raws.append(time.perf_counter() - t0)
+            raw_s = time.perf_counter() - t0
+        if v < WARMUP:
+            continue
+        pushes.append(push_s)
+        phases.append({k: val for k, val in stats.items() if k.startswith("time_sync_")})
+        if raw_group is not None:
+            raws.append(raw_s)
     trainer.close_weight_group()
     if raw_group is not None:
         close_update_group(raw_group)
@@ -124,7 +149,7 @@ ENGINE_PHASES = [
 ]
 
 
-def _run(shape: TinyModelConfig, repeats: int) -> dict:
+def _run(shape: TinyModelConfig, repeats: int, bucket_mb: float | None) -> dict:
     from infra.model.tiny import build_tiny_model
     from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
@@ -137,7 +162,9 @@ def _run(shape: TinyModelConfig, repeats: int) -> dict:
             wait_until_healthy(url, proc, 120)
             out = str(Path(tmp) / "result.json")
             ports = (free_port(), free_port())
-            mp.start_processes(_worker, args=(ports, str(model_dir), url, repeats, out), nprocs=3, join=True)
+            mp.start_processes(
+                _worker, args=(ports, str(model_dir), url, repeats, out, bucket_mb), nprocs=3, join=True
+            )
             return json.loads(Path(out).read_text())
         finally:
             stop_engine(proc)
@@ -171,20 +198,30 @@ def main() -> None:
     ap.add_argument("--hidden-size", type=int, default=384, help="the larger model's width")
     ap.add_argument("--layers", type=int, default=4, help="the larger model's decoder layers")
     ap.add_argument("--intermediate-size", type=int, default=1536, help="the larger model's MLP width")
+    ap.add_argument(
+        "--bucket-size-mb",
+        type=float,
+        default=None,
+        help="weight_sync.bucket_size_mb (default: the config's)",
+    )
+    ap.add_argument("--models", choices=["both", "tiny", "larger"], default="both")
     args = ap.parse_args()
     tiny = TinyModelConfig()
     larger = TinyModelConfig(
         hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size
     )
-    tiny_result = _run(tiny, args.repeats)
-    larger_result = _run(larger, args.repeats)
-    _report("tiny demo model", tiny_result, "weight sync push / raw broadcast of the same bytes, time")
-    shape = f"hidden {larger.hidden_size}, {larger.num_layers} layers, mlp {larger.intermediate_size}"
-    _report(
-        f"larger model ({shape})",
-        larger_result,
-        "weight sync push / raw broadcast of the same bytes, larger model, time",
-    )
+    runs = {"tiny": args.models in ("both", "tiny"), "larger": args.models in ("both", "larger")}
+    tiny_result = _run(tiny, args.repeats, args.bucket_size_mb) if runs["tiny"] else None
+    larger_result = _run(larger, args.repeats, args.bucket_size_mb) if runs["larger"] else None
+    if tiny_result is not None:
+        _report("tiny demo model", tiny_result, "weight sync push / raw broadcast of the same bytes, time")
+    if larger_result is not None:
+        shape = f"hidden {larger.hidden_size}, {larger.num_layers} layers, mlp {larger.intermediate_size}"
+        _report(
+            f"larger model ({shape})",
+            larger_result,
+            "weight sync push / raw broadcast of the same bytes, larger model, time",
+        )
 
 
 if __name__ == "__main__":

@@ -153,8 +153,9 @@ class RolloutConfig(_Section):
         3,
         ge=0,
         description="Restarts of one engine server per run before a fault fails the generate task "
-        "(0: no restarts). With broadcast sync, trainer rank 0 keeps a CPU copy of the last weights "
-        "it sent (one model in the engines' dtype) so a restarted engine can get them while training runs.",
+        "(0: no restarts). With broadcast sync, trainer rank 0 keeps a copy of the last weights "
+        "it sent (one model in the engines' dtype) so a restarted engine can get them while training runs; "
+        "on CPU it also keeps the buffers of the push before, which the next push fills again.",
     )
     sglang_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Extra `sglang.launch_server` flags (engine=sglang only)."
@@ -397,7 +398,12 @@ class WeightSyncConfig(_Section):
         "per version to the run's storage (local or s3://); each engine's actor copies it to its node and "
         "loads it with /update_weights_from_disk; older versions are deleted.",
     )
-    bucket_size_mb: float = Field(64, gt=0, description="Parameters gathered and sent per bucket, in MiB.")
+    bucket_size_mb: float = Field(
+        64,
+        gt=0,
+        description="Parameters gathered and sent per bucket, in MiB. Rank 0 gathers the next bucket "
+        "while one is broadcast, so it holds two buckets at once.",
+    )
     flattened_buckets: bool = Field(
         True,
         description="`broadcast` only: send each bucket as one flat byte buffer (SGLang's "

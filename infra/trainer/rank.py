@@ -18,17 +18,14 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
 from infra.trainer.fsdp_rank import FSDPRank
-from infra.trainer.gather import gather_full
 from infra.trainer.parallelize import parallelize
+from infra.trainer.push import SentBucket, push_buckets
 from infra.trainer.step import train_on_batch
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.buckets import bucket_params
 from infra.weights.check import WeightCheck
 from infra.weights.engines import EngineLink, connect_engines
 from infra.weights.group import close_update_group
-
-# one bucket of the last push as it was sent: names, full shapes, payload in the engines' dtype
-_SentBucket = tuple[list[str], list[list[int]], list[torch.Tensor]]
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
@@ -44,7 +41,12 @@ class TrainerRank(FSDPRank):
         # rank 0: the buckets of the last complete push, as sent (names, shapes, payload in
         # the engines' dtype), and their version; a restarted engine gets them while the
         # ranks train (no collective needed)
-        self._last_push: tuple[str, list[_SentBucket]] | None = None
+        self._last_push: tuple[str, list[SentBucket]] | None = None
+        # rank 0, CPU payloads only: per bucket, a payload no one holds any more, filled again
+        # by the next push. A fresh CPU buffer costs a page fault per 4 KiB page as it is
+        # first written (9 ms for 36 MiB, measured: most of a gather's time); the GPU's
+        # caching allocator hands back its blocks anyway, and GPU memory is dearer.
+        self._spare: list[list[torch.Tensor]] = []
 
     def setup(self, model_uri: str, storage_options: dict, master_addr: str, master_port: int) -> None:
         """Join the trainer group and load the model (from a local or s3:// HF directory)."""
@@ -159,48 +161,33 @@ class TrainerRank(FSDPRank):
 
         Per bucket, rank 0 announces it to the engines first (the HTTP request runs in the
         background), then one gather brings every rank's shards straight into rank 0's
-        payload (in the engines' dtype), then rank 0 broadcasts it."""
+        payload (in the engines' dtype), then rank 0 broadcasts it while the next bucket is
+        gathered (infra/trainer/push.py)."""
         if self.rank == 0 and self._sender is None:
             raise RuntimeError("update_weights before open_weight_group")
-        start, nbytes = time.perf_counter(), 0
+        start = time.perf_counter()
         params = dict(self.model.named_parameters())
         sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
         buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
         sender = self._sender if self.rank == 0 else None
         keep = sender is not None and self.cfg.rollout.engine_max_restarts > 0
-        kept: list[_SentBucket] = []
-        failed: Exception | None = None
-        gather_s = 0.0
+        reuse = self._spare if sender is not None and sender.device.type == "cpu" else None
         with torch.no_grad(), sender.session() if sender is not None else nullcontext():
-            for i, names in enumerate(buckets):
-                shapes = [list(params[name].shape) for name in names]  # a DTensor's is the full shape
-                pending = payload = outs = None
-                if sender is not None and failed is None:
-                    last = i == len(buckets) - 1
-                    try:
-                        pending = sender.announce(names, shapes, last, str(weight_version))
-                        payload, outs = sender.allocate(shapes)
-                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
-                        failed = exc
-                t_gather = time.perf_counter()
-                # every rank takes part; rank 0 gets the full values, cast, in the payload
-                gather_full([params[name] for name in names], outs if failed is None else None)
-                gather_s += time.perf_counter() - t_gather
-                if pending is not None and failed is None:
-                    try:
-                        nbytes += sender.transmit(pending, payload)
-                    except Exception as exc:  # noqa: BLE001 - raised below, after the gathers
-                        failed = exc  # the other ranks still gather every bucket: keep in step
-                    else:
-                        if keep:  # a fresh buffer each bucket: kept as it is, no copy
-                            kept.append((names, shapes, payload))
-        if failed is not None:
-            raise failed
+            pushed = push_buckets(params, buckets, sender, str(weight_version), keep, reuse)
+            if pushed.failed is not None:
+                raise pushed.failed
+        if reuse is not None:  # what the kept push no longer holds (see _spare)
+            old = self._last_push[1] if keep and self._last_push is not None else []
+            self._spare = [payload for _, _, payload in old] if keep else pushed.payloads
         if keep:
-            self._last_push = (str(weight_version), kept)
-        stats = {"time_sync_s": time.perf_counter() - start, "num_buckets": len(buckets), "bytes": nbytes}
+            self._last_push = (str(weight_version), pushed.sent)
+        stats = {
+            "time_sync_s": time.perf_counter() - start,
+            "num_buckets": len(buckets),
+            "bytes": pushed.nbytes,
+        }
         # phase times: this rank's gathers, and rank 0's sender (see BroadcastSender.timings)
-        timings = {"gather_s": gather_s, **(sender.take_timings() if sender is not None else {})}
+        timings = {"gather_s": pushed.gather_s, **(sender.take_timings() if sender is not None else {})}
         stats.update({f"time_sync_{k}": v for k, v in timings.items()})
         return stats
 

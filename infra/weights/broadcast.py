@@ -24,35 +24,7 @@ import torch.distributed as dist
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
 from infra.weights.group import broadcast_async, close_update_group, open_update_group
-
-
-def empty_bucket(
-    shapes: list[list[int]], dtype: torch.dtype, flatten: bool, device: torch.device | str = "cpu"
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """A new, empty payload for a bucket of these shapes in `dtype`, and per tensor a view
-    of it to fill: one flat byte buffer holding the tensors back to back (`flatten`), or the
-    tensors themselves. All share one dtype, so every tensor's byte offset is a multiple of
-    its element size, as SGLang's flattened receiver requires."""
-    if not flatten:
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
-        return outs, outs
-    sizes = [torch.Size(shape) for shape in shapes]
-    flat = torch.empty(sum(s.numel() for s in sizes), dtype=dtype, device=device)
-    views, offset = [], 0
-    for size in sizes:
-        views.append(flat[offset : offset + size.numel()].view(size))
-        offset += size.numel()
-    return [flat.view(torch.uint8)], views
-
-
-def filled_bucket(
-    tensors: list[torch.Tensor], dtype: torch.dtype, flatten: bool, device: torch.device | str
-) -> list[torch.Tensor]:
-    """A new payload (see `empty_bucket`) holding these tensors, cast to `dtype` (one copy each)."""
-    payload, views = empty_bucket([list(t.shape) for t in tensors], dtype, flatten, device)
-    for view, tensor in zip(views, tensors, strict=True):
-        view.copy_(tensor)
-    return payload
+from infra.weights.payload import empty_bucket, filled_bucket, reuse_bucket
 
 
 def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -68,6 +40,19 @@ class PendingBucket:
 
     names: list[str]
     posts: list[Future]
+
+
+@dataclass
+class Transfer:
+    """A bucket whose broadcast is under way; `BroadcastSender.finish` waits for it."""
+
+    pending: PendingBucket
+    payload: list[torch.Tensor]
+    works: list[dist.Work]
+
+
+class EarlierBucketFailed(RuntimeError):
+    """A bucket's request was not sent: the bucket before it failed on some engine."""
 
 
 class BroadcastSender:
@@ -155,17 +140,37 @@ class BroadcastSender:
         link.begin_session()
         self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
 
-    def _post(self, index: int, *args) -> dict:
+    def _post(self, index: int, after: PendingBucket | None, *args) -> dict:
         if self._begins:  # already done: it ran first on this queue; its failure is the post's
             self._begins[index].result()
+        if after is not None:
+            # An engine that gets a request waits in its receive for the broadcast. Send it
+            # only when every engine took the bucket before, which is exactly when the
+            # caller goes on to broadcast this one (see `announce`).
+            for post in after.posts:
+                if post.exception(timeout=self.timeout_s) is not None:
+                    raise EarlierBucketFailed(f"bucket of {after.names[0]!r}... failed first")
         return self.links[index].client.update_weights_from_distributed(*args)
 
-    def announce(self, names: list[str], shapes: list[list[int]], last: bool, version: str) -> PendingBucket:
+    def announce(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        last: bool,
+        version: str,
+        after: PendingBucket | None = None,
+    ) -> PendingBucket:
         """Post the bucket's `/update_weights_from_distributed` to every engine, in the
         background, and return at once: names, dtypes and shapes are known before the
         tensors are gathered, so the HTTP round trip overlaps the gathers. The engines then
-        wait in their receive until `transmit`. One bucket at a time: the next may be
-        announced only after this one's `transmit` returned (its receive would take ours)."""
+        wait in their receive until the bucket is broadcast (`start`).
+
+        `after`: the bucket announced before, which may still be in flight. Each engine's
+        requests run in order on its own thread, so this one goes out as soon as every
+        engine answered `after` (no wait for the caller); if any engine failed it, this
+        request is not sent at all. So the caller may announce (and gather) bucket i+1
+        while bucket i is on the wire, and must broadcast it exactly when `finish` of
+        bucket i succeeded."""
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
         t0 = time.perf_counter()
@@ -175,6 +180,7 @@ class BroadcastSender:
             queue.submit(
                 self._post,
                 i,
+                after,
                 names,
                 dtypes,
                 [list(s) for s in shapes],
@@ -188,10 +194,17 @@ class BroadcastSender:
         self.timings["announce_s"] += time.perf_counter() - t0
         return PendingBucket(names, posts)
 
-    def allocate(self, shapes: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """A new, empty payload for a bucket, in the engines' dtype on the group's device, and
-        per tensor a view of it to fill (then `transmit` the payload). Fresh each call, so
-        the caller may keep it."""
+    def allocate(
+        self, shapes: list[list[int]], reuse: list[torch.Tensor] | None = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """An empty payload for a bucket, in the engines' dtype on the group's device, and
+        per tensor a view of it to fill (then `transmit` the payload). `reuse`: an old
+        payload the caller no longer needs, taken when it fits; otherwise a fresh one, which
+        the caller may keep."""
+        if reuse is not None and all(t.device == self.device for t in reuse):
+            views = reuse_bucket(reuse, shapes, self.dtype, self.flatten)
+            if views is not None:
+                return reuse, views
         return empty_bucket(shapes, self.dtype, self.flatten, self.device)
 
     def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -204,8 +217,22 @@ class BroadcastSender:
     def transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
         """Broadcast a prepared payload to the engines that `pending` announced it to, and
         wait for their replies; returns the bytes sent."""
+        return self.finish(self.start(pending, payload))
+
+    def start(self, pending: PendingBucket, payload: list[torch.Tensor]) -> Transfer:
+        """Start broadcasting a prepared payload to the engines that `pending` announced it
+        to, and return at once: the caller may gather the next bucket meanwhile. At most
+        one bucket in flight: `finish` it before starting the next (its request waits for
+        this one's replies, see `announce`)."""
         try:
-            return self._transmit(pending, payload)
+            return self._start(pending, payload)
+        except Exception as exc:
+            raise self.peer_error("weight sync", exc) from exc
+
+    def finish(self, transfer: Transfer) -> int:
+        """Wait for a started broadcast and the engines' replies; returns the bytes sent."""
+        try:
+            return self._finish(transfer)
         except Exception as exc:
             raise self.peer_error("weight sync", exc) from exc
 
@@ -221,7 +248,7 @@ class BroadcastSender:
         who = f"engine {', '.join(dead)} not answering" if dead else f"engines {[k.url for k in self.links]}"
         return RuntimeError(f"{what} failed ({who}): {type(exc).__name__}: {exc}")
 
-    def _transmit(self, pending: PendingBucket, payload: list[torch.Tensor]) -> int:
+    def _start(self, pending: PendingBucket, payload: list[torch.Tensor]) -> Transfer:
         for begin in self._begins:
             # the engines cannot receive before their session began (nothing is lost waiting:
             # their posts follow it); a begin that failed must not leave a broadcast hanging
@@ -229,26 +256,32 @@ class BroadcastSender:
         for post in pending.posts:
             if post.done():  # refused before its receive (e.g. 400): broadcasting would only hang
                 post.result()
-        t0 = time.perf_counter()
         # all in flight at once, as SGLang's receiver posts them; waited in order
         works = [broadcast_async(self.group, tensor, src=0) for tensor in payload]
-        for work in works:
+        return Transfer(pending, payload, works)
+
+    def _finish(self, transfer: Transfer) -> int:
+        t0 = time.perf_counter()
+        for work in transfer.works:
             work.wait()
         t1 = time.perf_counter()
-        for post in pending.posts:
+        for post in transfer.pending.posts:
             # the built-in engine reports its own phases; SGLang reports none ({})
             for key, seconds in (post.result(timeout=self.timeout_s) or {}).items():
                 self.timings[f"engine_{key}"] += seconds
         t2 = time.perf_counter()
+        # what this thread waited: a broadcast that ran beside a gather shows only its tail
         self.timings["broadcast_s"] += t1 - t0
         self.timings["reply_wait_s"] += t2 - t1
-        return sum(t.numel() * t.element_size() for t in payload)
+        return sum(t.numel() * t.element_size() for t in transfer.payload)
 
     def take_timings(self) -> dict[str, float]:
         """Seconds per phase since the last call, summed over buckets and engines:
         `session_begin_s` (round trips run in the background), `announce_s`, `pack_s`
-        (`prepare` only), `broadcast_s`, `reply_wait_s`, `session_end_s`, and the engines'
-        own `engine_time_receive_s` / `engine_time_load_s` where they report them."""
+        (`prepare` only), `broadcast_s` and `reply_wait_s` (waited in `finish`: the part of
+        the broadcast not hidden behind the caller's work since `start`), `session_end_s`,
+        and the engines' own `engine_time_receive_s` / `engine_time_load_s` where they
+        report them."""
         out, self.timings = dict(self.timings), defaultdict(float)
         return out
 
