@@ -2,10 +2,10 @@
 
     python -m bench.cpu_budget [--from 5 --to 25] [overrides...]
 
-Runs `python -m flows.train` twice, the demo and TRL's batch shape of bench/trl_compare.py
-(8 prompts x 8 samples x 4 new tokens, 1 trainer rank), each with the overrides, and reads every process's CPU
-time (user + system, from /proc through psutil) when the run has finished `--from`
-iterations and again at `--to`; the difference over the iterations between, per process
+Runs `python -m flows.train` twice, the demo and TRL's batch shape of
+bench/trl_compare.py (8 prompts x 8 samples x 4 new tokens, 1 trainer rank), each with
+the overrides, and reads every process's CPU time (user + system, from /proc through
+psutil) when the run has finished `--from` iterations and again at `--to`; the difference over the iterations between, per process
 role (bench/process_roles.py), is the CPU each iteration costs there. Against it stands
 the wall time of those iterations times the cores: on a machine where the loop is bound
 by CPU, what the trainer ranks do not use is what orchestration, generation and the
