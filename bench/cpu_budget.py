@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.process_roles import iterations_done, role_of
+from bench.process_roles import role_of, watch_flow
 
 
 def cpu_by_pid(root: psutil.Process) -> dict[int, tuple[str, float]]:
@@ -54,16 +53,15 @@ def budget(first: int, last: int, overrides: list[str]) -> None:
             f"num_rollout={last + 2}", f"storage.uri={tmp}", "run_name=cpu", "checkpoint.resume=fresh", *overrides,
         ]  # fmt: skip
         print("python -m flows.train " + " ".join(settings[1:]))
-        proc = subprocess.Popen([sys.executable, "-m", "flows.train", *settings], stdout=sys.stderr)
-        root, metrics = psutil.Process(proc.pid), Path(tmp) / "cpu" / "metrics.jsonl"
-        reads = []
-        for mark in (first, last):
-            while iterations_done(metrics) < mark and proc.poll() is None:
-                time.sleep(0.05)
-            reads.append((time.monotonic(), cpu_by_pid(root)))
-        if proc.wait() or len(reads) < 2:
-            raise SystemExit("the run failed")
-    (t0, before), (t1, after) = reads
+        # polled often: a read late by one poll stretches the window it measures
+        reads = watch_flow(
+            settings,
+            Path(tmp) / "cpu",
+            [first, last],
+            lambda root: (time.monotonic(), cpu_by_pid(root)),
+            0.05,
+        )
+    (t0, before), (t1, after) = reads.values()
     n = last - first
     per_role: dict[str, float] = defaultdict(float)
     for pid, (role, cpu) in after.items():

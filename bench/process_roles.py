@@ -13,9 +13,13 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 # first match wins: (substring of the command line, role)
 _ROLES: list[tuple[str, str]] = [
@@ -110,19 +114,24 @@ def sample_median(root: psutil.Process, n: int = 3, gap_s: float = 1.0) -> dict[
 
 
 def watch_flow(
-    overrides: list[str], run_dir: Path, marks: list[int]
-) -> dict[str, dict[str, tuple[int, int]]]:
-    """Run `python -m flows.train overrides` (its log to stderr) and sample PSS by role when
-    the run in run_dir has finished each of `marks` iterations; fails if the run fails."""
+    overrides: list[str],
+    run_dir: Path,
+    marks: list[int],
+    sample: Callable[[psutil.Process], T] = sample_median,
+    poll_s: float = 0.5,
+) -> dict[str, T]:
+    """Run `python -m flows.train overrides` (its log to stderr) and take `sample(root)`
+    (PSS by role by default) when the run in run_dir has finished each of `marks`
+    iterations, polling every `poll_s`; fails if the run fails."""
     proc = subprocess.Popen([sys.executable, "-m", "flows.train", *overrides], stdout=sys.stderr)
     root, t0 = psutil.Process(proc.pid), time.monotonic()
-    columns: dict[str, dict[str, tuple[int, int]]] = {}
+    columns: dict[str, T] = {}
     for mark in marks:
         while iterations_done(run_dir / "metrics.jsonl") < mark and proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(poll_s)
         if proc.poll() is not None:
             break
-        columns[f"iter {mark}"] = sample_median(root)
+        columns[f"iter {mark}"] = sample(root)
         print(f"  sampled at iteration {mark} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     rc = proc.wait()
     if rc or len(columns) < len(marks):
