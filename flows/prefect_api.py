@@ -20,6 +20,11 @@ from infra.rollout.client import API_KEY_ENV
 
 # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
 STARTUP_TIMEOUT_S = 120
+# Ray starts its workers (trainer ranks, engines, task runs) at niceness 15, below the driver
+# and Ray's own daemons; the API server, started by the driver at 0, would take the CPU from
+# them whenever both want it. Its work in the loop is recording what task runs report, which
+# nothing waits for, so once it answers it runs below the workers.
+SERVER_NICENESS = 19
 
 
 class ApiServerStart:
@@ -77,6 +82,7 @@ class ApiServerStart:
                             f"the Prefect API server at {self.url} did not answer in {timeout_s:.0f} s"
                         )
                     time.sleep(0.1)
+            _lower_priority(self.proc.pid, SERVER_NICENESS)
         os.environ["PREFECT_API_URL"] = self.url
         return self.url
 
@@ -99,13 +105,26 @@ class ApiServerStart:
         self.proc = None
 
 
+def _lower_priority(pid: int, niceness: int) -> None:
+    """Run process `pid` at `niceness` (POSIX; a no-op elsewhere). Only ever lowered: raising
+    a priority back needs privileges."""
+    if hasattr(os, "setpriority") and os.getpriority(os.PRIO_PROCESS, pid) < niceness:
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)
+
+
+_process_settings: list = []
+
+
 def ensure_api_server() -> str:
     """The API URL, once a local server (if none is configured) answers; it becomes this
     process's Prefect API for good (the server stops when the process exits)."""
     api = ApiServerStart()
     url = api.wait()
     if api.proc is not None:
-        temporary_settings({PREFECT_API_URL: url}).__enter__()  # never left: for the process
+        settings = temporary_settings({PREFECT_API_URL: url})
+        settings.__enter__()  # never left: for the process
+        # kept referenced: a collected generator context manager runs its exit and resets them
+        _process_settings.append(settings)
     return url
 
 
