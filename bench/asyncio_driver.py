@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import ratio_line, spread, start_to_start
+from bench.common import ratio_line, spread, start_to_start, steal_share
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -106,13 +106,15 @@ def main() -> None:
             for side, times in (("flow", flow_s), ("driver", driver_s)):
                 extra = [f"num_rollout={args.iterations}", f"storage.uri={tmp}", f"run_name={side}-{i}"]
                 cfg = load_config(args.config, [*args.overrides, *extra])
-                if side == "driver":
-                    asyncio.run(drive(cfg))
-                else:
-                    _run_flow(cfg)
+                with steal_share() as machine:
+                    if side == "driver":
+                        asyncio.run(drive(cfg))
+                    else:
+                        _run_flow(cfg)
                 times.append(_per_iteration(cfg))
                 print(
-                    f"repeat {i} {side}: {times[-1]:.3f} s/iteration (median, start to start, of iterations 1..)",
+                    f"repeat {i} {side}: {times[-1]:.3f} s/iteration (median, start to start, of iterations 1..);"
+                    f" CPU steal {machine.get('steal', float('nan')):.1%}",
                     flush=True,
                 )
     print(

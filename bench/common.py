@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,3 +52,31 @@ def sides(baseline: str | None, tmp: Path) -> dict[str, Path]:
             return {f"baseline {baseline[:10]}": base, "this code": REPO}
         print(f"baseline {baseline}: not in this repository, not measured")
     return {"this code": REPO}
+
+
+def _cpu_ticks() -> list[int] | None:
+    """The machine's CPU time counters (the `cpu` line of /proc/stat), None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def steal_share() -> Iterator[dict[str, float]]:
+    """Share of the machine's CPU time that the hypervisor gave to other guests (steal)
+    while the block ran; filled in `["steal"]` on leaving (absent where unreadable).
+
+    On a shared virtual machine steal comes in episodes: a run that met one is slower on
+    both sides of a comparison, so each run's share is printed next to its figure."""
+    out: dict[str, float] = {}
+    before = _cpu_ticks()
+    try:
+        yield out
+    finally:
+        after = _cpu_ticks()
+        if before and after and len(after) > 7:
+            delta = [b - a for a, b in zip(before, after, strict=False)]
+            if sum(delta) > 0:
+                out["steal"] = round(delta[7] / sum(delta), 3)

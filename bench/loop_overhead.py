@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ratio_line, sides, spread, start_to_start
+from bench.common import ratio_line, sides, spread, start_to_start, steal_share
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
@@ -82,13 +82,17 @@ def run_once(iterations: int, overrides: list[str], code: Path) -> dict:
     with tempfile.TemporaryDirectory() as root:
         settings = [f"num_rollout={iterations}", f"storage.uri={root}", "run_name=loop-overhead", *overrides]
         t0 = time.monotonic()
-        rc = subprocess.call([sys.executable, "-m", "flows.train", *settings], cwd=code, stdout=sys.stderr)
+        with steal_share() as machine:
+            rc = subprocess.call(
+                [sys.executable, "-m", "flows.train", *settings], cwd=code, stdout=sys.stderr
+            )
         wall = time.monotonic() - t0
         if rc:
             raise SystemExit(f"the demo ({code}) exited with {rc}")
         run = Path(root) / "loop-overhead"
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    return {"wall_s": round(wall, 1), **summarize(rows, save_iterations(iterations, settings))}
+    summary = summarize(rows, save_iterations(iterations, settings))
+    return {"wall_s": round(wall, 1), **summary, "cpu_steal": machine.get("steal")}
 
 
 def main(argv: list[str]) -> int:
