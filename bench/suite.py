@@ -54,6 +54,7 @@ BENCHES: list[Bench] = [
     Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "387ba8a"]),
     Bench("bench.cpu_budget"),
     Bench("bench.task_run_cost"),
+    Bench("bench.param_walk"),
     Bench("bench.seed_robustness", timeout_s=3600),
     Bench("bench.memory_growth"),
     Bench("bench.scaling"),

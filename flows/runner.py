@@ -3,6 +3,9 @@
 The cluster address and the workers' environment come from the flow's config parameter,
 which a task runner fixed at decoration time cannot see; so this runner starts no Ray
 itself and the flow connects (and disconnects) through infra.system.RLSystem.
+
+It also carries task parameters wrapped in Prefect's `opaque` across Ray intact, so the
+flow can hand every task run the run's handles without Prefect walking their tree.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from contextlib import contextmanager
 import ray
 from prefect.context import FlowRunContext
 from prefect.task_runners import TaskRunner
+from prefect.utilities.annotations import opaque
 from prefect_ray import RayTaskRunner
 
 from flows.context_cache import reused_prefect_context, serialize_settings_once
@@ -22,6 +26,14 @@ from flows.reporting import send_reports_now, wait_reported
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
 REMEMBERED_TASK_RUNS = 32
+
+
+class _Opaque:
+    """A task parameter wrapped in Prefect's `opaque`, on its way through Ray: the annotation
+    is a tuple subclass, which Ray's argument serialization turns into a plain tuple."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
 
 
 class ConnectedRayTaskRunner(RayTaskRunner):
@@ -45,6 +57,13 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         self.recent.append(future)
         return future
 
+    def _exchange_prefect_for_ray_futures(self, kwargs_prefect_futures: dict) -> tuple[dict, list]:
+        """prefect-ray's exchange of futures for Ray refs; an `opaque` parameter (which it does
+        not walk into) then travels in a carrier the task body unwraps into `opaque` again."""
+        parameters, refs = super()._exchange_prefect_for_ray_futures(kwargs_prefect_futures)
+        carried = {k: _Opaque(v.unwrap()) if isinstance(v, opaque) else v for k, v in parameters.items()}
+        return carried, refs
+
     def wait_reported(self, timeout_s: float = 30.0) -> list:
         """Wait until the API holds the final state and last log of the recent task runs
         that finished (flows/reporting.py); the ids still missing after `timeout_s`."""
@@ -59,9 +78,13 @@ class ConnectedRayTaskRunner(RayTaskRunner):
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py). A completed task run's logs and states go to the API with
+        (flows/context_cache.py), with `opaque` parameters as the flow passed them. A completed task run's logs and states go to the API with
         the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
         completed = False
+        parameters = kwargs.get("parameters") or {}
+        kwargs["parameters"] = {
+            k: opaque(v.value) if isinstance(v, _Opaque) else v for k, v in parameters.items()
+        }
         try:
             with reused_prefect_context(context) as reused:
                 state = RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)

@@ -18,6 +18,7 @@ import threading
 import time
 
 from prefect import flow, get_run_logger
+from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
 from flows.ahead import GenerateAhead, TrainingAhead
@@ -79,6 +80,10 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         # their runtime env is the one their workers were warmed in
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
+        # what the task runs get: opaque, so Prefect and prefect-ray pass it as it is instead
+        # of walking (and rebuilding) its tree, the whole config inside, on every submit and
+        # again on the worker before the task's body
+        handles = opaque(run)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
         startup.mark("restore")
         schedule = LoopSchedule.from_config(config, checked.num_train_prompts, start)
@@ -90,16 +95,16 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             config.mode,
         )
         report = RunArtifacts(config, start, schedule.num_rollout)
-        sync_.submit(run, start).result()
+        sync_.submit(handles, start).result()
         startup.mark("first_sync")
 
         ahead = config.mode == "async"
-        batches = GenerateAhead(lambda k, after: generate_.submit(run, k, wait_for=after))
+        batches = GenerateAhead(lambda k, after: generate_.submit(handles, k, wait_for=after))
 
         def submit_training(k: int, after: list) -> list:
             # ppo: the critic trains beside the actor; the actor sits out critic-only iterations
-            critic = critic_.submit(run, k, wait_for=after) if config.critic.enabled else None
-            actor = train_.submit(run, k, wait_for=after) if schedule.actor_trains(k) else None
+            critic = critic_.submit(handles, k, wait_for=after) if config.critic.enabled else None
+            actor = train_.submit(handles, k, wait_for=after) if schedule.actor_trains(k) else None
             return [f for f in (critic, actor) if f is not None]
 
         training = TrainingAhead(submit_training)
@@ -123,7 +128,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             # own start-up overlaps training. Colocated, the engines first get their devices back.
             synced = None
             if schedule.sync_after(k) and not config.cluster.colocate:
-                synced = sync_.submit(run, k + 1, wait_for=trained + batches.in_flight())
+                synced = sync_.submit(handles, k + 1, wait_for=trained + batches.in_flight())
             # so is the next iteration's training, behind that sync (flows/ahead.py)
             if ahead and not config.cluster.colocate and schedule.train_ahead(k):
                 training.submit(k + 1, after=[synced] if synced else trained + batches.in_flight())
@@ -134,10 +139,10 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
                 row.update(run.resume_engines())
             if schedule.sync_after(k):
                 batches.drain()
-                row.update((synced or sync_.submit(run, k + 1)).result())
+                row.update((synced or sync_.submit(handles, k + 1)).result())
             ended = (time.monotonic(), time.time())  # a training submitted ahead starts about now
             if schedule.eval_after(k):
-                result = eval_.submit(run, k).result()
+                result = eval_.submit(handles, k).result()
                 report.evaluated(k, result)
                 row.update({key: v for key, v in result.items() if key != "examples"})
             row["time_iteration_s"] = time.monotonic() - t0
@@ -147,7 +152,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
                 batches.drain()  # the batch generated ahead is part of the checkpoint
                 # as the seed: the writes overlap the next iterations, except the last save's
                 report.saved(
-                    save_.submit(run, k, schedule.export_hf_after(k), not schedule.is_last(k)).result()
+                    save_.submit(handles, k, schedule.export_hf_after(k), not schedule.is_last(k)).result()
                 )
             report.iteration_done(k)
             log.info(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from uuid import uuid4
 
 import pytest
@@ -24,6 +25,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterId
 from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
+from prefect.utilities.annotations import opaque
 
 from flows.prefect_api import worker_env
 from flows.reporting import wait_reported
@@ -52,6 +54,16 @@ def fail() -> None:
     raise ValueError("broken on purpose")
 
 
+@dataclass
+class Handles:  # as infra.handles.RunHandles: a dataclass with a tree inside
+    config: dict = field(default_factory=lambda: {"rollout": {"n": 16}})
+
+
+@task(name="opaque-parameter")
+def opaque_parameter(handles: Handles) -> tuple[str, int]:
+    return type(handles).__name__, handles.config["rollout"]["n"]
+
+
 @task(name="held-services")
 def held_services() -> tuple[int, int, int]:
     # what a worker keeps after its task runs: Prefect queue services alive, exit hooks held
@@ -73,6 +85,8 @@ def one_task() -> tuple[int, str, list, list]:
         with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
             seen.append(retries_setting.submit().result())
         seen.append(retries_setting.submit().result())
+        # the flow's way of passing the run's handles: the task run gets the object itself
+        seen.append(opaque_parameter.submit(opaque(Handles())).result())
         held = [held_services.submit().result() for _ in range(8)]
         future = speak.submit()  # the last: Ray goes down right after it
         return future.result(), str(future.task_run_id), seen, held
@@ -142,6 +156,7 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
     assert MARK in asyncio.run(_messages(task_run_id))
     assert asyncio.run(_state(task_run_id)) == "COMPLETED"
     # settings changed in the flow reach the next task run, and changed back the one after
+    assert seen.pop() == ("Handles", 16)  # not the plain tuple Ray makes of the annotation
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
     # a worker's log and events services must not pile up over its task runs (stopped ones
@@ -183,3 +198,5 @@ def test_prefect_ray_still_submits_the_overridable_body():
     # The override is a staticmethod found through the instance; both must still exist.
     assert "_run_prefect_task" in RayTaskRunner.__dict__
     assert ConnectedRayTaskRunner._run_prefect_task is not RayTaskRunner._run_prefect_task
+    # so must the exchange that carries `opaque` parameters
+    assert "_exchange_prefect_for_ray_futures" in RayTaskRunner.__dict__

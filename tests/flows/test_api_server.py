@@ -1,0 +1,46 @@
+"""The Prefect API server a run starts for itself (flows/prefect_api.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are POSIX")
+
+# In a child process: a clean Prefect environment (no API configured, its own database).
+PROBE = textwrap.dedent(
+    """
+    import gc, os, psutil
+    from prefect.settings import PREFECT_API_URL
+    from flows.prefect_api import SERVER_NICENESS, ensure_api_server
+
+    url = ensure_api_server()
+    gc.collect()  # what dropped the settings before: a collected context manager's exit
+    servers = [p for p in psutil.Process().children() if "uvicorn" in " ".join(p.cmdline())]
+    print("url", url == PREFECT_API_URL.value(), PREFECT_API_URL.value())
+    print("servers", len(servers))
+    print("niceness", [os.getpriority(os.PRIO_PROCESS, p.pid) for p in servers], SERVER_NICENESS)
+    """
+)
+
+
+def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    # the process's Prefect API is the server it started, also after a garbage collection
+    assert lines["url"].startswith("True http://127.0.0.1:"), lines["url"]
+    assert lines["servers"] == "1"
+    # Ray runs its workers (trainer ranks, engines, task runs) at niceness 15: the server is below
+    assert lines["niceness"] == "[19] 19"
