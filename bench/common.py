@@ -54,6 +54,10 @@ def sides(baseline: str | None, tmp: Path) -> dict[str, Path]:
     return {"this code": REPO}
 
 
+# column of the `cpu` line of /proc/stat: user nice system idle iowait irq softirq steal ...
+STEAL_COLUMN = 7
+
+
 def _cpu_ticks() -> list[int] | None:
     """The machine's CPU time counters (the `cpu` line of /proc/stat), None off Linux."""
     try:
@@ -76,7 +80,7 @@ def steal_share() -> Iterator[dict[str, float]]:
         yield out
     finally:
         after = _cpu_ticks()
-        if before and after and len(after) > 7:
+        if before and after and len(after) > STEAL_COLUMN:
             delta = [b - a for a, b in zip(before, after, strict=False)]
             if sum(delta) > 0:
-                out["steal"] = round(delta[7] / sum(delta), 3)
+                out["steal"] = round(delta[STEAL_COLUMN] / sum(delta), 3)

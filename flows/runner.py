@@ -78,8 +78,9 @@ class ConnectedRayTaskRunner(RayTaskRunner):
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py), with `opaque` parameters as the flow passed them. A completed task run's logs and states go to the API with
-        the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
+        (flows/context_cache.py), with `opaque` parameters as the flow passed them. A completed
+        task run's logs and states go to the API with the worker's next batch; a failed one's
+        before its result returns (flows/reporting.py)."""
         completed = False
         parameters = kwargs.get("parameters") or {}
         kwargs["parameters"] = {

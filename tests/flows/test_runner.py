@@ -27,7 +27,7 @@ from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 from prefect.utilities.annotations import opaque
 
-from flows.prefect_api import worker_env
+from flows.prefect_api import SERVER_NICENESS, worker_env
 from flows.reporting import wait_reported
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 
@@ -64,6 +64,13 @@ def opaque_parameter(handles: Handles) -> tuple[str, int]:
     return type(handles).__name__, handles.config["rollout"]["n"]
 
 
+@task(name="worker-niceness")
+def worker_niceness() -> int:
+    import os
+
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 @task(name="held-services")
 def held_services() -> tuple[int, int, int]:
     # what a worker keeps after its task runs: Prefect queue services alive, exit hooks held
@@ -85,6 +92,7 @@ def one_task() -> tuple[int, str, list, list]:
         with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
             seen.append(retries_setting.submit().result())
         seen.append(retries_setting.submit().result())
+        seen.append(worker_niceness.submit().result())
         # the flow's way of passing the run's handles: the task run gets the object itself
         seen.append(opaque_parameter.submit(opaque(Handles())).result())
         held = [held_services.submit().result() for _ in range(8)]
@@ -155,8 +163,10 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
     assert asyncio.run(_state(task_run_id)) == "COMPLETED"
-    # settings changed in the flow reach the next task run, and changed back the one after
     assert seen.pop() == ("Handles", 16)  # not the plain tuple Ray makes of the annotation
+    # Ray's workers run at 15, the run's own API server below them (flows/prefect_api.py)
+    assert seen.pop() == 15 < SERVER_NICENESS
+    # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
     # a worker's log and events services must not pile up over its task runs (stopped ones
