@@ -60,7 +60,8 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, re
     if world_size > 1:
         init_distributed(rank, world_size, ADDR, port)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = parallelize(model, world_size) if world_size > 1 else model
+    gather = alg.pop("gather", "per_step")
+    model = parallelize(model, world_size, gather) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     samples = batch(alg.pop("samples"))
@@ -106,6 +107,9 @@ def main() -> None:
         runs = {
             "1 process, by count": measure(model_dir, 1, dict(by_count), args.repeats, tmp),
             "2 ranks, by count": measure(model_dir, 2, dict(by_count), args.repeats, tmp),
+            "2 ranks, by count, gathered per micro-batch": measure(
+                model_dir, 2, {**by_count, "gather": "per_micro_batch"}, args.repeats, tmp
+            ),
             "2 ranks, by tokens": measure(model_dir, 2, dict(by_tokens), args.repeats, tmp),
         }
     print(
@@ -114,8 +118,8 @@ def main() -> None:
     )
     rates = {name: [tokens / t for t in times] for name, times in runs.items()}
     for name, values in rates.items():
-        print(f"{name:22s} tokens/s: {spread(values, '{:.0f}')}")
-    one, two, packed = rates.values()
+        print(f"{name:44s} tokens/s: {spread(values, '{:.0f}')}")
+    one, two, per_mb, packed = rates.values()
     print(
         ratio_line(
             "trainer 2 FSDP2 ranks / 1 process, tokens/s",
@@ -128,6 +132,13 @@ def main() -> None:
             "trainer token-budget / sample-count micro-batches (2 ranks), tokens/s",
             [b / a for a, b in zip(two, packed, strict=True)],
             "> 1x when lengths vary",
+        )
+    )
+    print(
+        ratio_line(
+            "trainer weights gathered once per step / per micro-batch (2 ranks), tokens/s",
+            [b / a for a, b in zip(per_mb, two, strict=True)],
+            "none (diagnostic)",
         )
     )
     print(f"median step time: {', '.join(f'{n} {statistics.median(t):.2f} s' for n, t in runs.items())}")

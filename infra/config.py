@@ -87,6 +87,14 @@ class ClusterConfig(_Section):
         ge=1,
         description="torch/OMP threads per trainer rank and engine; 1 avoids thrashing on small machines.",
     )
+    fsdp_gather: Literal["per_step", "per_micro_batch"] = Field(
+        "per_step",
+        description="How often a trainer or critic rank all-gathers the sharded weights (and "
+        "reduce-scatters gradients) when an optimizer step has several micro-batches. `per_step`: once "
+        "per step, gathered weights and whole gradients kept across its micro-batches (as DDP holds "
+        "them; far fewer collectives, bench.trainer_throughput compares the two). `per_micro_batch`: FSDP2's default, the least memory: weights "
+        "gathered for every micro-batch's forward and backward, gradients reduced after each.",
+    )
     collective_timeout_s: float = Field(
         300,
         gt=0,

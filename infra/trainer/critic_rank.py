@@ -50,7 +50,7 @@ class CriticRank(FSDPRank):
     def _load(self, path: str) -> torch.nn.Module:
         model = load_value_model(path)
         model.train()
-        return parallelize(model, self.world_size)
+        return parallelize(model, self.world_size, self.cfg.cluster.fsdp_gather)
 
     def compute_values(self, rollout_id: int, batch: RolloutBatch) -> list[list[float]]:
         """The values of the rollout's response tokens; kept for `train`, returned by rank 0."""

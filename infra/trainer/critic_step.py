@@ -14,6 +14,7 @@ from infra.config import RunConfig
 from infra.rollout.batch import Sample
 from infra.trainer.batches import MicroBatch, all_reduce_sum
 from infra.trainer.critic_losses import clipped_value_loss
+from infra.trainer.parallelize import MicroBatches, micro_batches
 from infra.trainer.ppo_targets import response_mask, response_width, to_positions, to_response
 from infra.trainer.step import guarded_step, plan_steps
 
@@ -41,7 +42,7 @@ def compute_values(
     """[N, L] values of every response token of the rollout (the same on every rank)."""
     plan = _plan(model, samples, cfg, rank, world_size)
     out = torch.zeros(len(samples), response_width(samples), device=plan[0][0].mask.device)
-    with torch.no_grad():
+    with torch.no_grad(), micro_batches(model):
         for mb in (mb for step in plan for mb in step):  # each rank fills the rows it holds
             to_response(values_of(model, mb) * mb.mask, mb, samples, out)
     return all_reduce_sum(out, world_size)
@@ -64,6 +65,43 @@ def _value_stats(values: torch.Tensor, returns: torch.Tensor, samples: list[Samp
     }
 
 
+def _value_loss_backward(
+    model: nn.Module,
+    step: list[MicroBatch],
+    samples: list[Sample],
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    fsdp: MicroBatches,
+    *,
+    cfg: RunConfig,
+    world_size: int,
+) -> tuple[torch.Tensor, float, float]:
+    """Forward and backward of one step's micro-batches; the step's loss (summed over ranks),
+    clipped token count and response tokens."""
+    counts = torch.stack(
+        [sum(mb.mask.sum() for mb in step), sum((mb.mask.sum(-1) > 0).float().sum() for mb in step)]
+    )
+    tokens, seqs = all_reduce_sum(counts, world_size).tolist()
+    step_loss = torch.zeros((), device=counts.device)
+    step_clipped = torch.zeros((), device=counts.device)
+    for i, mb in enumerate(step):
+        loss, frac = clipped_value_loss(
+            values_of(model, mb),
+            to_positions(values, mb, samples),
+            to_positions(returns, mb, samples),
+            mb.mask,
+            cfg.critic.cliprange_value,
+            cfg.algorithm.agg_mode,
+            counts=(tokens, seqs, cfg.rollout.sampling.max_new_tokens),
+        )
+        fsdp.before_backward(last=i == len(step) - 1)
+        (loss * world_size).backward()  # x world_size undoes FSDP's averaging over ranks
+        step_loss += loss.detach()
+        step_clipped += frac * mb.mask.sum()
+    clipped = float(all_reduce_sum(step_clipped, world_size))
+    return all_reduce_sum(step_loss, world_size), clipped, tokens
+
+
 def train_critic_on_batch(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -78,33 +116,14 @@ def train_critic_on_batch(
 ) -> dict:
     """Clipped value loss against `returns`, clipping around the rollout-time `values` ([N, L])."""
     plan = _plan(model, samples, cfg, rank, world_size)
-    device = plan[0][0].mask.device
     alg, critic = cfg.algorithm, cfg.critic
-    max_len = cfg.rollout.sampling.max_new_tokens
     losses, norms, skipped, clipped, tokens_seen = [], [], 0, 0.0, 0.0
-    for _ in range(alg.ppo_epochs):
-        for step in plan:
-            counts = torch.stack(
-                [sum(mb.mask.sum() for mb in step), sum((mb.mask.sum(-1) > 0).float().sum() for mb in step)]
+    with micro_batches(model) as fsdp:
+        for step in (step for _ in range(alg.ppo_epochs) for step in plan):
+            step_loss, step_clipped, tokens = _value_loss_backward(
+                model, step, samples, values, returns, fsdp, cfg=cfg, world_size=world_size
             )
-            tokens, seqs = all_reduce_sum(counts, world_size).tolist()
-            step_loss = torch.zeros((), device=device)
-            step_clipped = torch.zeros((), device=device)
-            for mb in step:
-                loss, frac = clipped_value_loss(
-                    values_of(model, mb),
-                    to_positions(values, mb, samples),
-                    to_positions(returns, mb, samples),
-                    mb.mask,
-                    critic.cliprange_value,
-                    alg.agg_mode,
-                    counts=(tokens, seqs, max_len),
-                )
-                (loss * world_size).backward()  # x world_size undoes FSDP's averaging over ranks
-                step_loss += loss.detach()
-                step_clipped += frac * mb.mask.sum()
-            step_loss = all_reduce_sum(step_loss, world_size)
-            clipped += float(all_reduce_sum(step_clipped, world_size))
+            clipped += step_clipped
             tokens_seen += tokens
             norm = guarded_step(model, optimizer, scheduler, step_loss, critic.grad_clip, world_size)
             if norm is None:

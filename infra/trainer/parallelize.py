@@ -6,13 +6,20 @@ Model code never mentions parallelism; the trainer calls `parallelize` once afte
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+# Models parallelized with gather="per_step" (see `micro_batches`); weak, so a dropped
+# model leaves no entry behind.
+_GATHER_PER_STEP: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def device_type() -> str:
@@ -45,8 +52,11 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def parallelize(model: nn.Module, world_size: int) -> nn.Module:
+def parallelize(model: nn.Module, world_size: int, gather: str = "per_step") -> nn.Module:
     """Shard every decoder layer, then the root (embeddings, final norm, head), in place.
+
+    `gather` (`cluster.fsdp_gather`): how often the sharded weights are all-gathered and the
+    gradients reduce-scattered in a step of several micro-batches (see `micro_batches`).
 
     On GPUs parameters compute in bf16 while gradients are reduced in fp32 and the sharded
     master weights stay fp32. On CPUs everything is fp32: bf16 matmuls are slow there and
@@ -59,4 +69,53 @@ def parallelize(model: nn.Module, world_size: int) -> nn.Module:
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if gather == "per_step":
+        _GATHER_PER_STEP.add(model)
+    elif gather != "per_micro_batch":
+        raise ValueError(f"cluster.fsdp_gather={gather!r}: expected 'per_step' or 'per_micro_batch'")
     return model
+
+
+class MicroBatches:
+    """What FSDP2 does around each micro-batch of one pass over a model's micro-batches."""
+
+    def __init__(self, modules: list[FSDPModule]) -> None:
+        self._modules = modules
+
+    def before_backward(self, last: bool) -> None:
+        """Called before each micro-batch's backward; `last`: the step's last micro-batch.
+
+        Until the last one, gradients accumulate whole on every rank and the weights stay
+        gathered; the last backward reduce-scatters the sum and frees the gathered weights, so
+        the optimizer steps on the shards as always."""
+        for m in self._modules:
+            m.set_requires_gradient_sync(last, recurse=False)
+            m.set_reshard_after_backward(last, recurse=False)
+
+
+@contextmanager
+def micro_batches(*models: nn.Module | None) -> Iterator[MicroBatches]:
+    """Around a pass of forwards (and backwards) over micro-batches of the same weights.
+
+    With gather="per_step" the weights are all-gathered by the pass's first forward and kept
+    until the step's last backward (or the pass's end), and gradients are reduce-scattered
+    once per step, not once per micro-batch: per FSDP unit, one all-gather and one
+    reduce-scatter a step instead of two all-gathers and a reduce-scatter per micro-batch.
+    The cost is DDP's memory during the step: whole weights and whole gradients on every rank.
+    With "per_micro_batch", or on an unsharded model, FSDP runs as configured (nothing changes).
+    """
+    sharded = [model for model in models if model is not None and model in _GATHER_PER_STEP]
+    modules = [m for model in sharded for m in model.modules() if isinstance(m, FSDPModule)]
+    roots = {id(model) for model in sharded}
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield MicroBatches(modules)
+    finally:
+        # back to fully_shard's defaults: decoder layers free their gathered weights after
+        # forward and backward, the root keeps them between its forward and backward
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(id(m) not in roots, recurse=False)
+            m.set_requires_gradient_sync(True, recurse=False)
+            m.set_reshard_after_backward(True, recurse=False)

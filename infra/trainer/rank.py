@@ -67,7 +67,7 @@ class TrainerRank(FSDPRank):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.requires_grad_(trainable)
         model.train(trainable)
-        return parallelize(model, self.world_size)
+        return parallelize(model, self.world_size, self.cfg.cluster.fsdp_gather)
 
     def train(
         self,

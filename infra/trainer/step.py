@@ -19,6 +19,7 @@ from infra.trainer.losses import (
 )
 from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
 from infra.trainer.offpolicy import PublishKL, prepare_old_policy
+from infra.trainer.parallelize import MicroBatches, micro_batches
 
 
 def grad_norm(model: nn.Module) -> torch.Tensor:
@@ -102,11 +103,34 @@ def train_on_batch(
         )
     device = next(model.parameters()).device
     plan = plan_steps(samples, rank, world_size, global_batch_size, cfg, device)
-    metrics = prepare_old_policy(
-        model, ref_model, plan, samples, cfg, temperature, world_size,
-        tis=tis, rollout_id=rollout_id, values=values, publish_kl=publish_kl,
-    )  # fmt: skip
+    # the old-policy pass and the first step see the same weights: gathered once for both
+    with micro_batches(model) as fsdp:
+        with micro_batches(ref_model):
+            metrics = prepare_old_policy(
+                model, ref_model, plan, samples, cfg, temperature, world_size,
+                tis=tis, rollout_id=rollout_id, values=values, publish_kl=publish_kl,
+            )  # fmt: skip
+        stats = _policy_steps(
+            model, optimizer, scheduler, plan, fsdp,
+            cfg=cfg, world_size=world_size, temperature=temperature, max_response_len=max_response_len,
+        )  # fmt: skip
+    return {**metrics, **stats}
 
+
+def _policy_steps(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    plan: list,
+    fsdp: MicroBatches,
+    *,
+    cfg: AlgorithmConfig,
+    world_size: int,
+    temperature: float,
+    max_response_len: int,
+) -> dict:
+    """ppo_epochs passes over the plan: one clipped policy-gradient step per planned step."""
+    device = plan[0][0].mask.device
     mode, eps_high = cfg.agg_mode, cfg.eps_clip_high or cfg.eps_clip
     gspo = cfg.advantage_estimator == "gspo"
     kl_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward
@@ -121,7 +145,7 @@ def train_on_batch(
             tokens, seqs = all_reduce_sum(counts, world_size).tolist()
             total_tokens += tokens
             step_loss = torch.zeros((), device=device)
-            for mb in step:
+            for i, mb in enumerate(step):
                 logits = logits_of(model, mb)
                 logp = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
                 pl = policy_loss(
@@ -138,6 +162,7 @@ def train_on_batch(
                         per_token = per_token + cfg.kl_coef * kl
                 w = aggregation_weights(mb.mask, mode, tokens, seqs, max_response_len)
                 objective = (per_token * w).sum()
+                fsdp.before_backward(last=i == len(step) - 1)
                 # x world_size undoes FSDP's averaging of gradients over ranks
                 (objective * world_size).backward()
                 step_loss += objective.detach()
@@ -161,7 +186,6 @@ def train_on_batch(
     per_token = max(total_tokens, 1.0)
     num_steps = len(plan) * cfg.ppo_epochs
     return {
-        **metrics,
         "loss": sum(losses) / len(losses) if losses else 0.0,
         "pg_clipfrac": (high + low) / per_token,
         "pg_clipfrac_high": high / per_token,

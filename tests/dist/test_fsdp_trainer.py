@@ -172,7 +172,12 @@ VARIANTS = {
 
 
 def _sgd_run(
-    model_dir: str, world_size: int, rank: int, micro_batch_size: int, variant: str = "default"
+    model_dir: str,
+    world_size: int,
+    rank: int,
+    micro_batch_size: int,
+    variant: str = "default",
+    gather: str = "per_step",
 ) -> tuple[dict, dict]:
     """Two optimizer steps of plain SGD, so the weight change is the (clipped) gradient itself."""
     from transformers import AutoModelForCausalLM
@@ -182,7 +187,7 @@ def _sgd_run(
 
     def load(trainable: bool):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(trainable)
-        return parallelize(model, world_size) if world_size > 1 else model
+        return parallelize(model, world_size, gather) if world_size > 1 else model
 
     model, ref = load(True), load(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -199,19 +204,23 @@ def _sgd_run(
     return metrics, params
 
 
-def _sgd_worker(rank: int, port: int, model_dir: str, out: str, variant: str) -> None:
+def _sgd_worker(rank: int, port: int, model_dir: str, out: str, variant: str, gather: str) -> None:
     from infra.trainer.parallelize import init_distributed
 
     torch.set_num_threads(1)
     init_distributed(rank, 2, ADDR, port)
-    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1, variant=variant)
+    metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1, variant=variant, gather=gather)
     torch.save({"metrics": metrics, "params": params}, f"{out}/b{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path, variant):
-    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path), variant)
+# cluster.fsdp_gather: every variant with the weights gathered once per step (the default),
+# and FSDP2's own per-micro-batch gathers on the default loss
+@pytest.mark.parametrize(
+    "variant,gather", [(v, "per_step") for v in VARIANTS] + [("default", "per_micro_batch")]
+)
+def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path, variant, gather):
+    _spawn(_sgd_worker, 2, free_port(), str(model_dir), str(tmp_path), variant, gather)
     torch.set_num_threads(1)
     ref_metrics, ref_params = _sgd_run(str(model_dir), 1, 0, micro_batch_size=4, variant=variant)
     keys = ["loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "train_engine_logprob_abs_diff"]
