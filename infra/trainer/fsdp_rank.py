@@ -3,7 +3,8 @@ the critic's value model): join its group's own default process group, hold a sh
 model with its AdamW optimizer and LR schedule, and save or load all of it with DCP.
 
 `TrainerRank` (the actor) and `CriticRank` build on it; each group runs in its own
-processes, so each has its own default group and master address.
+processes, so each has its own default group and master address. As theirs, this module
+imports torch only inside the methods (see infra/trainer/rank.py).
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ from __future__ import annotations
 import os
 from contextlib import suppress
 from functools import partial
-
-import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.optim.lr_scheduler import LambdaLR
+from typing import TYPE_CHECKING
 
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
-from infra.storage.dcp_io import BackgroundSave, load_state, save_state
-from infra.trainer.guard import assert_finite_state
 from infra.trainer.lr_schedule import lr_factor
-from infra.trainer.parallelize import init_distributed
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from infra.storage.dcp_io import BackgroundSave
 
 
 class FSDPRank:
@@ -43,6 +43,11 @@ class FSDPRank:
         return os.getpid()
 
     def _join(self, master_addr: str, master_port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from infra.trainer.parallelize import init_distributed
+
         torch.set_num_threads(self.cfg.cluster.threads_per_worker)
         init_distributed(
             self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
@@ -60,6 +65,9 @@ class FSDPRank:
         kind: str,
         min_ratio: float,
     ) -> None:
+        import torch
+        from torch.optim.lr_scheduler import LambdaLR
+
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
         )
@@ -71,6 +79,9 @@ class FSDPRank:
     # --- DCP checkpoints: model, optimizer, scheduler, RNG --------------------------------
 
     def _dcp_state(self) -> dict:
+        import torch
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -86,6 +97,9 @@ class FSDPRank:
     def save_checkpoint(self, path: str, storage_options: dict, background: bool = False) -> None:
         """Write a DCP checkpoint; with `background`, return once the state is staged and let a
         thread write it (`finish_checkpoint` waits for it). A write still running is finished first."""
+        from infra.storage.dcp_io import BackgroundSave, save_state
+        from infra.trainer.guard import assert_finite_state
+
         assert_finite_state(self.model, self.optimizer, self.world_size)
         self.finish_checkpoint()
         if background:
@@ -99,6 +113,11 @@ class FSDPRank:
         return writing.wait() if writing is not None else None
 
     def load_checkpoint(self, path: str, storage_options: dict) -> None:
+        import torch
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from infra.storage.dcp_io import load_state
+
         state = self._dcp_state()  # the template DCP loads into, in place
         load_state(state, path, storage_options)
         set_state_dict(
@@ -111,6 +130,8 @@ class FSDPRank:
             torch.cuda.set_rng_state(rng["cuda"])
 
     def _leave(self) -> None:
+        import torch.distributed as dist
+
         with suppress(Exception):  # an uncommitted write ends before its group; it stays uncommitted
             self.finish_checkpoint()
         if dist.is_initialized():

@@ -1,4 +1,9 @@
-"""One FSDP2 trainer rank. A plain class: the driver wraps it with `ray.remote(TrainerRank)`."""
+"""One FSDP2 trainer rank. A plain class: the driver wraps it with `ray.remote(TrainerRank)`.
+
+Ray imports this module wherever a handle to the actor is unpickled, in every Prefect task
+run's worker too; torch and everything built on it are imported inside the methods, which
+run only in the rank's own process (tests/unit/test_actor_imports.py).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,9 @@ import json
 import os
 import time
 from contextlib import nullcontext, suppress
+from typing import TYPE_CHECKING
 
 import ray
-import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from infra.cluster.network import free_port
 from infra.config import RunConfig
@@ -18,17 +21,18 @@ from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
 from infra.trainer.fsdp_rank import FSDPRank
-from infra.trainer.parallelize import parallelize
-from infra.trainer.push import SentBucket, push_buckets
-from infra.trainer.step import train_on_batch
-from infra.weights.broadcast import BroadcastSender
-from infra.weights.buckets import bucket_params
-from infra.weights.check import WeightCheck
-from infra.weights.engines import EngineLink, connect_engines
-from infra.weights.group import close_update_group
+
+if TYPE_CHECKING:
+    import torch
+
+    from infra.trainer.push import SentBucket
+    from infra.weights.broadcast import BroadcastSender
+    from infra.weights.engines import EngineLink
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
     # A collective on the default group for FSDP2's DTensors: every rank must call it.
     return param.full_tensor() if isinstance(param, DTensor) else param
 
@@ -50,6 +54,8 @@ class TrainerRank(FSDPRank):
 
     def setup(self, model_uri: str, storage_options: dict, master_addr: str, master_port: int) -> None:
         """Join the trainer group and load the model (from a local or s3:// HF directory)."""
+        import torch
+
         model_path = self.model_dir = localize(model_uri, storage_options)
         self._join(master_addr, master_port)
         alg = self.cfg.algorithm
@@ -61,7 +67,10 @@ class TrainerRank(FSDPRank):
         self.ref_model = self._load(model_path, trainable=False) if alg.kl_coef > 0 else None
 
     def _load(self, model_path: str, trainable: bool) -> torch.nn.Module:
+        import torch
         from transformers import AutoModelForCausalLM
+
+        from infra.trainer.parallelize import parallelize
 
         # fp32 master weights; on GPUs FSDP's mixed precision computes in bf16.
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -78,6 +87,8 @@ class TrainerRank(FSDPRank):
     ) -> dict:
         """One training call. ppo: `values` are the critic's; with `mailbox` (the rollout
         manager), rank 0 posts the per-token KL there for the critic's returns."""
+        from infra.trainer.step import train_on_batch
+
         start = time.perf_counter()
         publish_kl = None
         if mailbox is not None and self.rank == 0:
@@ -110,6 +121,8 @@ class TrainerRank(FSDPRank):
     @ray.method(concurrency_group="restore")  # also after an engine restart, beside training
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Rank 0 learns the engines' dtype and group ranks (the check needs them in any mode)."""
+        from infra.weights.engines import connect_engines
+
         if self.rank != 0:
             return
         with open(os.path.join(self.model_dir, "config.json")) as f:
@@ -119,6 +132,10 @@ class TrainerRank(FSDPRank):
         )
 
     def open_weight_group(self, group_name: str) -> None:
+        import torch
+
+        from infra.weights.broadcast import BroadcastSender
+
         if self.rank != 0:
             return
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -135,6 +152,8 @@ class TrainerRank(FSDPRank):
         Only this rank's copy of the last push is used, so no collective of the trainer
         group is needed. The engines that stayed up receive the weights they already hold.
         """
+        import torch
+
         if self.rank != 0 or self._last_push is None:
             raise RuntimeError("restore_engines: rank 0 has no pushed weights to restore from")
         old, self._sender = self._sender, None
@@ -163,6 +182,11 @@ class TrainerRank(FSDPRank):
         background), then one gather brings every rank's shards straight into rank 0's
         payload (in the engines' dtype), then rank 0 broadcasts it while the next bucket is
         gathered (infra/trainer/push.py)."""
+        import torch
+
+        from infra.trainer.push import push_buckets
+        from infra.weights.buckets import bucket_params
+
         if self.rank == 0 and self._sender is None:
             raise RuntimeError("update_weights before open_weight_group")
         start = time.perf_counter()
@@ -195,6 +219,10 @@ class TrainerRank(FSDPRank):
         """Compare every parameter, in the engines' dtype, with what each engine reports
         (all ranks gather; rank 0 compares and raises WeightMismatchError naming the first
         tensor and engine that differ)."""
+        import torch
+
+        from infra.weights.check import WeightCheck
+
         check = WeightCheck(self._links) if self.rank == 0 else None
         failed: Exception | None = None
         with torch.no_grad():
@@ -213,6 +241,8 @@ class TrainerRank(FSDPRank):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded CPU state dict on rank 0 ({} elsewhere); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
@@ -228,6 +258,7 @@ class TrainerRank(FSDPRank):
             return
         import tempfile
 
+        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         with torch.device("meta"):
@@ -239,6 +270,8 @@ class TrainerRank(FSDPRank):
             upload_dir(tmp, uri, storage_options, self.cfg.storage.retry_timeout_s)
 
     def shutdown(self) -> None:
+        from infra.weights.group import close_update_group
+
         if self._sender is not None and self._sender.group is not None:
             close_update_group(self._sender.group)  # the engines may be gone: only our end
             self._sender = None
