@@ -20,6 +20,7 @@ from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
 from infra.data.rewards import REWARDS, resolve_reward
 from infra.data.templating import PromptFormatter
+from infra.model import tokenizer as tokenizers
 from infra.storage.fs import RunStore, storage_options
 from infra.storage.run_folder import clear_for_fresh_start, finished_message, refuse_if_used, resume_point
 
@@ -146,12 +147,12 @@ def load_tokenizer(cfg: RunConfig, store: RunStore):
     if "://" not in path and not os.path.exists(path) and cfg.cluster.ray_address:
         log.warning("model.path %s is not on this machine; it is checked on the cluster", path)
         return None, None
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     local = localize(path, store.options)
     try:
         config = AutoConfig.from_pretrained(local, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
+        tokenizer = tokenizers.load_tokenizer(local, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds
         raise PreflightError(f"model.path: {path} does not load as an HF model: {e}") from e
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

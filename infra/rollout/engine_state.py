@@ -12,8 +12,9 @@ import threading
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
+from infra.model.tokenizer import load_tokenizer
 from infra.rollout.memory import WeightOffload
 from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
@@ -65,7 +66,7 @@ class EngineState:
         # float32 on CPU (no fast bf16 kernels there); the checkpoint's own dtype on GPU
         dtype = "auto" if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.model_path = model_path
         self.weight_version = weight_version
         self.lock = threading.Lock()

@@ -16,6 +16,7 @@ from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
 from infra.data.templating import PromptFormatter
 from infra.model.loading import localize
+from infra.model.tokenizer import load_tokenizer
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.rollout.client import EngineClient
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
@@ -46,12 +47,10 @@ class RolloutManager:
         engine_actors: list | None = None,
         transport=None,
     ):
-        from transformers import AutoTokenizer
-
         self.cfg = cfg
         opts = storage_options(cfg.storage)
         self.store = RunStore(cfg.storage, cfg.run_name)
-        self.tokenizer = AutoTokenizer.from_pretrained(localize(model_uri, opts))
+        self.tokenizer = load_tokenizer(localize(model_uri, opts))
         r = cfg.rollout
         # with the engines' actors and the weight transport, a failed engine is recovered
         self.engines = EngineFleet(

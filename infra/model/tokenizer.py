@@ -1,0 +1,40 @@
+"""Loading a model directory's tokenizer, without torch where transformers allows it.
+
+`AutoTokenizer` imports transformers' model configuration code to resolve the tokenizer's
+class, and torch with it (about 1.6 s more on 2 cores, in the rollout manager's start, on
+the first sync's path). A directory whose `tokenizer_config.json` names the generic
+tokenizers backend (the class transformers writes for a plain `tokenizer.json`, as the
+built-in tiny model's) is loaded by that class directly: the same object AutoTokenizer
+returns. Any other class goes through AutoTokenizer, which knows the model-specific ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# transformers 5 writes TokenizersBackend; 4.x wrote PreTrainedTokenizerFast (an alias in 5)
+GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def tokenizer_class(path: str) -> str | None:
+    """The class named by `path`/tokenizer_config.json, None if there is no such file or name."""
+    config = Path(path) / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{config}: not a JSON object ({exc})") from exc
+
+
+def load_tokenizer(path: str, **kwargs: Any) -> Any:
+    """The tokenizer of the local HF directory `path` (kwargs go to `from_pretrained`)."""
+    if tokenizer_class(path) in GENERIC_CLASSES and (Path(path) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path, **kwargs)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, **kwargs)
