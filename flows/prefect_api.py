@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,6 @@ import httpx
 import prefect
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_settings, temporary_settings
 
-from infra.cluster.network import free_port
 from infra.rollout.client import API_KEY_ENV
 
 # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
@@ -42,14 +42,20 @@ class ApiServerStart:
         self.url: str = PREFECT_API_URL.value() or ""
         self.proc: subprocess.Popen | None = None
         if not self.url:
-            port = free_port("127.0.0.1")
-            self.url = f"http://127.0.0.1:{port}/api"
+            # The server gets a socket already listening, not a port number to bind: it binds
+            # seconds later, once its imports are done, and by then Ray (starting meanwhile)
+            # may hold the port a free-port probe returned, as a listener or as the source
+            # port of a connection (measured: "address already in use", the run lost).
+            listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+            self.url = f"http://127.0.0.1:{listener.getsockname()[1]}/api"
+            fd = listener.fileno()
             self.proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)),
-                    *("--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"),
-                    *("--port", str(port), "--log-level", "error", "--lifespan", "on"),
+                    *("--factory", "prefect.server.api.server:create_app", "--fd", str(fd)),
+                    *("--log-level", "error", "--lifespan", "on"),
                 ],
+                pass_fds=(fd,),
                 env={
                     **os.environ,
                     # the local server has no network to report usage to; don't let it try
@@ -62,6 +68,7 @@ class ApiServerStart:
                     **get_current_settings().to_environment_variables(exclude_unset=True),
                 },
             )
+            listener.close()  # the server holds its own copy
             atexit.register(self.stop)
 
     def wait(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:

@@ -44,3 +44,34 @@ def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
     assert lines["servers"] == "1"
     # Ray runs its workers (trainer ranks, engines, task runs) at niceness 15: the server is below
     assert lines["niceness"] == "[19] 19"
+
+
+# The port is the server's from the moment its URL is known: Ray starts while the server
+# imports, and a port merely probed free could be taken in between.
+PORT_PROBE = textwrap.dedent(
+    """
+    import errno, socket, urllib.parse
+    from flows.prefect_api import ApiServerStart
+
+    api = ApiServerStart()
+    port = urllib.parse.urlparse(api.url).port
+    try:
+        socket.create_server(("127.0.0.1", port)).close()
+        print("bind", "free")
+    except OSError as e:
+        print("bind", "in-use" if e.errno == errno.EADDRINUSE else e)
+    print("answers", api.wait() == api.url)
+    api.stop()
+    """
+)
+
+
+def test_the_servers_port_is_held_before_it_answers(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    out = subprocess.run(
+        [sys.executable, "-c", PORT_PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines == {"bind": "in-use", "answers": "True"}
