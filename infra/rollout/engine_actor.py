@@ -6,14 +6,19 @@ cleanup are Ray's business while generation speaks plain SGLang HTTP.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
-from infra.rollout.client import EngineClient
+from infra.rollout.client import EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+
+log = logging.getLogger(__name__)
+PORT_TRIES = 3
+PORT_TAKEN = "address already in use"  # uvicorn's bind error, in the built-in server's and SGLang's log
 
 
 class EngineActor:
@@ -27,8 +32,24 @@ class EngineActor:
 
     def start(self, model_uri: str, storage_options: dict) -> str:
         host = advertise_address(self.local_cluster)
-        port = free_port(host)
         model_dir = localize(model_uri, storage_options)
+        attempt = 1
+        while True:
+            try:
+                return self._launch(host, model_dir)
+            except EngineError as exc:
+                if attempt == PORT_TRIES or PORT_TAKEN not in str(exc).lower():
+                    raise
+                log.warning(
+                    "engine %d: %s was taken before its server bound it; another port", self.index, self.url
+                )
+                os.remove(self.log_path)  # the next start's errors alone
+            attempt += 1
+
+    def _launch(self, host: str, model_dir: str) -> str:
+        # the server binds the port seconds after this probe, once its imports are done;
+        # whatever else starts meanwhile (Ray's workers, the other engines) may take it
+        port = free_port(host)
         self.proc = launch_engine(
             self.cfg.rollout.engine,
             model_dir,

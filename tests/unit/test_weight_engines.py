@@ -86,3 +86,38 @@ def test_engine_actor_loads_an_export_from_storage(storage_uri, tmp_path):
         assert torch.equal(torch.tensor(client.get_weights_by_name(name)), expected[:100])
     finally:
         actor.stop()
+
+
+def test_engine_actor_takes_another_port_when_its_port_was_taken(tmp_path, monkeypatch):
+    """The port probe and the server's bind are seconds apart: a port taken meanwhile (held by a
+    listener here) costs one more start on another port, not the run."""
+    import socket
+
+    import infra.rollout.engine_actor as engine_actor
+
+    base = build_tiny_model(tmp_path / "base", TinyModelConfig())
+    taken = socket.create_server(("127.0.0.1", 0))
+    ports = [taken.getsockname()[1]]
+    real = engine_actor.free_port
+    monkeypatch.setattr(engine_actor, "free_port", lambda host: ports.pop() if ports else real(host))
+    actor = EngineActor(_cfg(str(tmp_path / "runs")), 0, local_cluster=True)
+    try:
+        url = actor.start(str(base), {})
+        assert not url.endswith(f":{taken.getsockname()[1]}")
+        from infra.rollout.client import EngineClient
+
+        assert EngineClient(url).health()
+    finally:
+        actor.stop()
+        taken.close()
+
+
+def test_engine_actor_gives_up_on_other_start_failures(tmp_path):
+    actor = EngineActor(_cfg(str(tmp_path / "runs")), 0, local_cluster=True)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")  # an HF directory that loads no model
+    from infra.rollout.client import EngineError
+
+    with pytest.raises(EngineError, match="exited with code"):
+        actor.start(str(tmp_path / "broken"), {})
+    actor.stop()
