@@ -102,6 +102,12 @@ class RLSystem:
             n = cfg.cluster.critic.num_workers
             self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
             groups.append(self.critics)
+        # threaded: the trainers fetch batch k while generation of k+1 runs. Built while the
+        # engines and trainer ranks start (its process, imports, tokenizer and prompts take
+        # seconds), queued after them, and given the engines once they answer; with the
+        # engine actors and the transport it restarts a failed engine and restores its weights.
+        manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, [], model_uri)
+        self.actors.append(manager)
         setups = []
         for group in groups:
             addr, port = ray.get(group[0].master_address.remote())
@@ -122,14 +128,8 @@ class RLSystem:
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()
         startup.mark("transport_open")
-        # threaded: the trainers fetch batch k while generation of k+1 runs; with the engine
-        # actors and the transport it restarts a failed engine and restores its weights
-        manager = (
-            ray.remote(RolloutManager)
-            .options(num_cpus=0, max_concurrency=8)
-            .remote(cfg, urls, model_uri, list(self.engines), self.transport)
-        )
-        self.actors.append(manager)
+        ray.get(manager.attach_engines.remote(urls, list(self.engines), self.transport))
+        startup.mark("manager_ready")
         ray.get(warm)
         startup.mark("workers_warm")
         self.trackers = Trackers(cfg, store)

@@ -50,18 +50,11 @@ class RolloutManager:
         self.cfg = cfg
         opts = storage_options(cfg.storage)
         self.store = RunStore(cfg.storage, cfg.run_name)
+        self.model_uri = model_uri
         self.tokenizer = load_tokenizer(localize(model_uri, opts))
-        r = cfg.rollout
-        # with the engines' actors and the weight transport, a failed engine is recovered
-        self.engines = EngineFleet(
-            engine_urls,
-            r.request_timeout_s,
-            r.engine_health_timeout_s,
-            r.engine_max_restarts,
-            engine_actors,
-            transport,
-            (model_uri, opts),
-        )
+        self.engines: EngineFleet | None = None
+        if engine_urls:
+            self.attach_engines(engine_urls, engine_actors, transport)
         data = cfg.data
         train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
         self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
@@ -82,6 +75,24 @@ class RolloutManager:
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
         self.handoff = Handoff(self._consumers)
+
+    def attach_engines(
+        self, engine_urls: list[str], engine_actors: list | None = None, transport=None
+    ) -> None:
+        """The engines this manager generates on. Separate from the constructor so that a run
+        can build the manager (tokenizer, prompts: seconds of imports and loading) while its
+        engines start, and hand it their URLs once they answer."""
+        r = self.cfg.rollout
+        # with the engines' actors and the weight transport, a failed engine is recovered
+        self.engines = EngineFleet(
+            engine_urls,
+            r.request_timeout_s,
+            r.engine_health_timeout_s,
+            r.engine_max_restarts,
+            engine_actors,
+            transport,
+            (self.model_uri, storage_options(self.cfg.storage)),
+        )
 
     def _stop_token_ids(self, stops: list[str]) -> list[int]:
         ids = []
