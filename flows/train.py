@@ -51,8 +51,9 @@ WORKER_IMPORTS = [
     "tasks.train_critic",
 ]
 
-# What the flow's process imports for RLSystem.start; main() loads it beside Ray's start.
-PRELOAD = ["infra.system", "transformers.models.llama.modeling_llama", "transformers.tokenization_utils_fast"]
+# What the flow's process imports for RLSystem.start and the preflight; main() loads it
+# beside Ray's start. No torch: the tiny model comes from the machine's cache once built.
+PRELOAD = ["infra.system", "transformers.tokenization_utils_fast"]
 
 
 @flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
@@ -172,7 +173,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
 
 
 def _preload() -> None:
-    """Import what the flow's start needs (actor classes, torch, the tiny model's builder)
+    """Import what the flow's start needs (the actor classes, the tokenizer code)
     while Ray starts; a later import of the same module waits for this one, never repeats it."""
     for module in PRELOAD:
         importlib.import_module(module)

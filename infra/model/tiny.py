@@ -11,6 +11,9 @@ from pathlib import Path
 
 from infra.config import TinyModelConfig
 
+# Part of the name of a machine's cached build (infra.model.loading.tiny_model_dir): raise it
+# whenever build_tiny_model writes something else for the same settings.
+BUILD_VERSION = 1
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # printable ASCII: letters, digits, punctuation and space; newline is a token too.
 CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
