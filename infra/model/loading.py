@@ -32,9 +32,8 @@ def base_model_uri(model: ModelConfig, run_uri: str, storage_options: dict) -> s
     uri = f"{run_uri.rstrip('/')}/base_model"
     if uri_exists(f"{uri}/config.json", storage_options):
         return uri
-    upload_dir(
-        str(tiny_model_dir(model.tiny)), uri, storage_options
-    )  # config.json last: it marks it complete
+    # config.json goes last: it marks the run's copy complete
+    upload_dir(str(tiny_model_dir(model.tiny)), uri, storage_options)
     return uri
 
 
@@ -47,9 +46,9 @@ def tiny_model_dir(cfg: TinyModelConfig, cache_root: str | None = None) -> Path:
     transformers versions (seeded init) and of the builder's code (`BUILD_VERSION`), so those
     name the cached copy.
     """
-    root = _cache_root(cache_root)
     from infra.model.tiny import BUILD_VERSION, build_tiny_model  # torch only once it builds
 
+    root = _cache_root(cache_root)
     versions = {pkg: importlib.metadata.version(pkg) for pkg in ("torch", "transformers")}
     key = json.dumps([cfg.model_dump(mode="json"), versions, BUILD_VERSION], sort_keys=True)
     local = root / "tiny" / hashlib.sha1(key.encode()).hexdigest()[:16]

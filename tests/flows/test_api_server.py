@@ -31,14 +31,20 @@ PROBE = textwrap.dedent(
 )
 
 
-def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
+def _run_probe(code: str, prefect_home) -> dict[str, str]:
+    """Run `code` in a child process with a clean Prefect environment; its printed
+    `key value` lines."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     out = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
+    lines = _run_probe(PROBE, tmp_path)
     # the process's Prefect API is the server it started, also after a garbage collection
     assert lines["url"].startswith("True http://127.0.0.1:"), lines["url"]
     assert lines["servers"] == "1"
@@ -67,11 +73,4 @@ PORT_PROBE = textwrap.dedent(
 
 
 def test_the_servers_port_is_held_before_it_answers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    out = subprocess.run(
-        [sys.executable, "-c", PORT_PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
-    assert lines == {"bind": "in-use", "answers": "True"}
+    assert _run_probe(PORT_PROBE, tmp_path) == {"bind": "in-use", "answers": "True"}
