@@ -92,8 +92,9 @@ class ClusterConfig(_Section):
         description="How often a trainer or critic rank all-gathers the sharded weights (and "
         "reduce-scatters gradients) when an optimizer step has several micro-batches. `per_step`: once "
         "per step, gathered weights and whole gradients kept across its micro-batches (as DDP holds "
-        "them; far fewer collectives, bench.trainer_throughput compares the two). `per_micro_batch`: FSDP2's default, the least memory: weights "
-        "gathered for every micro-batch's forward and backward, gradients reduced after each.",
+        "them; far fewer collectives, bench.trainer_throughput compares the two). `per_micro_batch`: "
+        "FSDP2's default, the least memory: weights gathered for every micro-batch's forward and "
+        "backward, gradients reduced after each.",
     )
     collective_timeout_s: float = Field(
         300,

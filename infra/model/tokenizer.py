@@ -1,8 +1,8 @@
 """Loading a model directory's tokenizer, without torch where transformers allows it.
 
 `AutoTokenizer` imports transformers' model configuration code to resolve the tokenizer's
-class, and torch with it (about 1.6 s more on 2 cores, in the rollout manager's start, on
-the first sync's path). A directory whose `tokenizer_config.json` names the generic
+class, and torch with it (about 1.6 s more on 2 cores in the rollout manager's start, which
+needs no torch otherwise). A directory whose `tokenizer_config.json` names the generic
 tokenizers backend (the class transformers writes for a plain `tokenizer.json`, as the
 built-in tiny model's) is loaded by that class directly: the same object AutoTokenizer
 returns. Any other class goes through AutoTokenizer, which knows the model-specific ones.
