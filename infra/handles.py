@@ -67,7 +67,7 @@ class RunHandles:
 
     def train(self, rollout_id: int) -> dict:
         # The batch goes manager -> object store -> every rank; the ref never leaves Ray.
-        batch_ref = self.manager.get_batch.remote(rollout_id)
+        batch_ref = self._batch_ref(rollout_id)
         values, mailbox = None, None
         if self.critics:  # ppo: the critic's values arrive through the manager, as Ray resolves the ref
             values = self.manager.wait_post.remote(rollout_id, "values")
@@ -80,10 +80,14 @@ class RunHandles:
         metrics = dict(results[0])
         # A checkpoint written in the background during this step is committed now. Failing
         # to commit it loses that checkpoint, not the step: the previous one stays the latest.
-        try:
-            metrics["checkpoint_committed"] = self.commit_pending()
-        except Exception as exc:  # noqa: BLE001 - reported by the train task as a warning
-            metrics["checkpoint_commit_error"] = f"{type(exc).__name__}: {exc}"
+        # A save writes on every rank (critics too), so with none writing there is nothing to
+        # wait for: the round trip to every rank is left out of the other iterations.
+        if any(r.get("checkpoint_writing") for r in results):
+            try:
+                metrics["checkpoint_committed"] = self.commit_pending()
+            except Exception as exc:  # noqa: BLE001 - reported by the train task as a warning
+                metrics["checkpoint_commit_error"] = f"{type(exc).__name__}: {exc}"
+        metrics.pop("checkpoint_writing", None)
         return metrics
 
     def train_critic(self, rollout_id: int) -> dict:
@@ -94,7 +98,7 @@ class RunHandles:
         iteration (in critic-only iterations the actor is still the reference: KL 0).
         """
         t0 = time.monotonic()
-        batch_ref = self.manager.get_batch.remote(rollout_id)
+        batch_ref = self._batch_ref(rollout_id)
         refs = [c.compute_values.remote(rollout_id, batch_ref) for c in self.critics]
         posted = self.manager.post.remote(rollout_id, "values", refs[0])  # critic rank 0 -> manager
         get_ranks(refs, f"critic values {rollout_id}")
@@ -107,6 +111,10 @@ class RunHandles:
         ray.get(posted)
         self.manager.release.remote(rollout_id, "critic")
         return {**results[0], "time_train_critic_s": time.monotonic() - t0}
+
+    def _batch_ref(self, rollout_id: int) -> ray.ObjectRef:
+        # the manager put the batch in the object store when it made it (infra/rollout/manager.py)
+        return ray.get(self.manager.batch_ref.remote(rollout_id))
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""

@@ -3,6 +3,11 @@
 `generate(k)` turns prompts into a scored RolloutBatch that stays here until the trainer
 ranks fetch it through Ray's object store; only a small summary travels back to Prefect.
 Runs as a threaded Ray actor so that fetching batch k never waits behind generating k+1.
+
+Inside Ray the batch goes into the object store as soon as it is made (`batch_ref`): its
+serialization then overlaps the training before it, instead of running as the actor's
+reply when that training has ended and the next one asks for it (the demo: about 10 ms
+an iteration on the loop's critical path).
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import ray
 
 from infra.config import RunConfig
 from infra.data.prompts import PromptSource, load_rows, with_split
@@ -72,6 +79,7 @@ class RolloutManager:
             data.overlong_prompt,
         )
         self._batches: dict[int, RolloutBatch] = {}
+        self._refs: dict[int, ray.ObjectRef] = {}  # the batches in Ray's object store
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
         self.handoff = Handoff(self._consumers)
@@ -291,8 +299,11 @@ class RolloutManager:
             "engine_restarts": 0,
             **(extra or {}),
         }
+        ref = ray.put(batch) if ray.is_initialized() else None  # outside Ray (tests): on demand
         with self._lock:
             self._batches[batch.rollout_id] = batch
+            if ref is not None:
+                self._refs[batch.rollout_id] = ref
             self._summaries[batch.rollout_id] = summary
             for old in [k for k in self._summaries if k <= batch.rollout_id - KEEP_SUMMARIES]:
                 del self._summaries[old]
@@ -301,7 +312,11 @@ class RolloutManager:
     def held(self) -> dict[str, int]:
         """How many rollouts' batches and summaries the manager holds (bounded over a run)."""
         with self._lock:
-            return {"batches": len(self._batches), "summaries": len(self._summaries)}
+            return {
+                "batches": len(self._batches),
+                "summaries": len(self._summaries),
+                "stored": len(self._refs),
+            }
 
     def has_batch(self, rollout_id: int) -> bool:
         with self._lock:
@@ -330,6 +345,15 @@ class RolloutManager:
                 raise KeyError(f"rollout {rollout_id} was not generated (have {sorted(self._batches)})")
             return self._batches[rollout_id]
 
+    def batch_ref(self, rollout_id: int) -> ray.ObjectRef:
+        """Batch `rollout_id` in the object store, as a ref to pass the ranks (the value a
+        call of this method returns through Ray is that ref, not the batch)."""
+        batch = self.get_batch(rollout_id)
+        with self._lock:
+            if rollout_id not in self._refs:
+                self._refs[rollout_id] = ray.put(batch)
+            return self._refs[rollout_id]
+
     def _consumers(self, rollout_id: int) -> set[str]:
         """Who trains on this rollout: the actor (except critic-only iterations), the critic."""
         actor = {"actor"} if rollout_id >= self.cfg.num_critic_only_steps else set()
@@ -339,6 +363,7 @@ class RolloutManager:
         if self.handoff.done(rollout_id, consumer):
             with self._lock:
                 self._batches.pop(rollout_id, None)
+                self._refs.pop(rollout_id, None)  # the object goes once the ranks are done with it
 
     # -- what the actor and the critic hand each other (ppo) ----------------------------
     def post(self, rollout_id: int, key: str, value: object) -> None:

@@ -114,7 +114,13 @@ class TrainerRank(FSDPRank):
             values=values,
             publish_kl=publish_kl,
         )
-        return {**metrics, "rollout_id": rollout_id, "time_train_s": time.perf_counter() - start}
+        return {
+            **metrics,
+            "rollout_id": rollout_id,
+            "time_train_s": time.perf_counter() - start,
+            # a background checkpoint write awaits its commit (RunHandles.train asks only then)
+            "checkpoint_writing": self._writing is not None,
+        }
 
     # --- weight sync: the rank-side half of infra/weights (gathers are collective) -------
 

@@ -76,6 +76,8 @@ def _train_save_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     # in the background: staged now, written while the next step changes the weights
     trainer.save_checkpoint(f"{out}/ckpt_background", {}, background=True)
     metrics_next = trainer.train(1, _batch(1))
+    # what RunHandles.train reads to ask for the commit: only a step after a background save
+    assert metrics["checkpoint_writing"] is False and metrics_next["checkpoint_writing"] is True
     written = trainer.finish_checkpoint()
     assert written == f"{out}/ckpt_background" and trainer.finish_checkpoint() is None
     state = {"full": full, "saved": saved, "next": full_train_state(trainer), "metrics_next": metrics_next}

@@ -3,6 +3,8 @@ parquet output, determinism and per-sample reward failures."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -12,6 +14,8 @@ from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.storage.fs import RunStore
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def flaky_reward(prompt: str, response: str, label: str, **kw) -> float:
@@ -149,5 +153,28 @@ def test_held_rollouts_stay_bounded_over_many_iterations(engines, tmp_path):
         assert m.generate(k) is summary  # the latest rollout's retry still finds its summary
         m.release(k)  # the actor trained on it (no critic): its batch goes
     held = m.held()
-    assert held["batches"] == 0
+    assert held["batches"] == held["stored"] == 0
     assert held["summaries"] <= KEEP_SUMMARIES < 12
+
+
+def test_batch_is_in_the_object_store_once_generated_and_leaves_with_its_release(engines, tmp_path):
+    # as the run builds it: a threaded Ray actor; the ranks get the ref batch_ref returns
+    import ray
+
+    model, urls = engines
+    cfg = manager(engines, tmp_path).cfg
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        actor = ray.remote(RolloutManager).options(max_concurrency=4).remote(cfg, urls, model)
+        ray.get(actor.generate.remote(0))
+        assert ray.get(actor.held.remote())["stored"] == 1  # put while generating, before any ask
+        ref = ray.get(actor.batch_ref.remote(0))
+        assert isinstance(ref, ray.ObjectRef) and ray.get(actor.batch_ref.remote(0)) == ref
+        batch, direct = ray.get(ref), ray.get(actor.get_batch.remote(0))
+        assert [s.response_ids for s in batch.samples] == [s.response_ids for s in direct.samples]
+        ray.get(actor.release.remote(0))
+        assert ray.get(actor.held.remote()) == {"batches": 0, "summaries": 1, "stored": 0}
+        with pytest.raises(ray.exceptions.RayTaskError, match="was not generated"):
+            ray.get(actor.batch_ref.remote(0))
+    finally:
+        ray.shutdown()
