@@ -299,7 +299,7 @@ class RolloutManager:
             "engine_restarts": 0,
             **(extra or {}),
         }
-        ref = ray.put(batch) if ray.is_initialized() else None  # outside Ray (tests): on demand
+        ref = ray.put(batch) if ray.is_initialized() else None  # outside Ray (tests): no store
         with self._lock:
             self._batches[batch.rollout_id] = batch
             if ref is not None:
@@ -310,7 +310,8 @@ class RolloutManager:
         return summary
 
     def held(self) -> dict[str, int]:
-        """How many rollouts' batches and summaries the manager holds (bounded over a run)."""
+        """How many rollouts' batches, summaries and object-store copies the manager holds
+        (bounded over a run)."""
         with self._lock:
             return {
                 "batches": len(self._batches),
@@ -347,11 +348,9 @@ class RolloutManager:
 
     def batch_ref(self, rollout_id: int) -> ray.ObjectRef:
         """Batch `rollout_id` in the object store, as a ref to pass the ranks (the value a
-        call of this method returns through Ray is that ref, not the batch)."""
-        batch = self.get_batch(rollout_id)
+        call of this method returns through Ray is that ref, not the batch). Inside Ray only."""
+        self.get_batch(rollout_id)  # the same error as get_batch for a rollout never generated
         with self._lock:
-            if rollout_id not in self._refs:
-                self._refs[rollout_id] = ray.put(batch)
             return self._refs[rollout_id]
 
     def _consumers(self, rollout_id: int) -> set[str]:

@@ -3,8 +3,6 @@ parquet output, determinism and per-sample reward failures."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
@@ -14,8 +12,6 @@ from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.storage.fs import RunStore
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def flaky_reward(prompt: str, response: str, label: str, **kw) -> float:
@@ -41,8 +37,7 @@ def engines(tmp_path_factory):
             stop_engine(proc)
 
 
-def manager(engines, tmp_path, **over) -> RolloutManager:
-    model, urls = engines
+def config(tmp_path, **over) -> RunConfig:
     tree = {
         "rollout": {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 3}},
         "storage": {"uri": str(tmp_path)},
@@ -52,7 +47,12 @@ def manager(engines, tmp_path, **over) -> RolloutManager:
         "cluster": {"engines": {"num_workers": 2}},
     }
     tree.update(over)
-    return RolloutManager(RunConfig.model_validate(tree), urls, model)
+    return RunConfig.model_validate(tree)
+
+
+def manager(engines, tmp_path, **over) -> RolloutManager:
+    model, urls = engines
+    return RolloutManager(config(tmp_path, **over), urls, model)
 
 
 def test_generate_scores_groups_and_writes_parquet(engines, tmp_path):
@@ -161,11 +161,12 @@ def test_batch_is_in_the_object_store_once_generated_and_leaves_with_its_release
     # as the run builds it: a threaded Ray actor; the ranks get the ref batch_ref returns
     import ray
 
+    from infra.cluster.ray_cluster import runtime_env
+
     model, urls = engines
-    cfg = manager(engines, tmp_path).cfg
-    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=runtime_env("", {}))  # the repo on the path
     try:
-        actor = ray.remote(RolloutManager).options(max_concurrency=4).remote(cfg, urls, model)
+        actor = ray.remote(RolloutManager).options(max_concurrency=4).remote(config(tmp_path), urls, model)
         ray.get(actor.generate.remote(0))
         assert ray.get(actor.held.remote())["stored"] == 1  # put while generating, before any ask
         ref = ray.get(actor.batch_ref.remote(0))
