@@ -77,7 +77,12 @@ class WeightOffload:
         else:
             copies, self._host = self._host, {}
         for i, (t, (dtype, device)) in enumerate(zip(self._tensors(), self._meta, strict=True)):
-            t.data = copies[str(i)].to(device=device, dtype=dtype)
+            # a fresh allocation, not the loaded tensor itself: safetensors hands back CPU
+            # tensors at whatever address its buffer gave them, and CPU matmul kernels round
+            # differently for operands off the 64-byte alignment torch's allocator keeps, so
+            # the same weights gave other logprobs in the last bits (measured: 1 ulp)
+            copy = copies[str(i)]
+            t.data = torch.empty(copy.shape, dtype=dtype, device=device).copy_(copy)
         self._meta = []
 
     def discard(self) -> None:

@@ -19,6 +19,7 @@ from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.memory import WeightOffload
+from infra.rollout.sampling import sample_batch
 
 # ~4.7M parameters (19 MB in fp32): large enough that freeing them shows in the RSS
 SHAPE = TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024)
@@ -102,3 +103,25 @@ def test_offload_keeps_tied_weights_tied(model_dir):
     offload.resume()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
+
+
+def test_resumed_weights_sample_the_same_logprobs_bitwise(model_dir):
+    """The engine's own sampling path (fused matmuls) after a release and resume: bitwise the
+    same logprobs. Restoring the tensors safetensors loaded, at its buffer's addresses, gave
+    logprobs 1 ulp off on every resume (CPU kernels round by operand alignment)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine runs
+    try:
+        (before,) = sample_batch(model, [[1, 5, 6]], max_new_tokens=6, temperature=0)
+        offload = WeightOffload(model)
+        for _ in range(3):
+            offload.release()
+            offload.resume()
+            (after,) = sample_batch(model, [[1, 5, 6]], max_new_tokens=6, temperature=0)
+            assert after.output_ids == before.output_ids
+            assert after.logprobs == before.logprobs
+    finally:
+        torch.set_num_threads(threads)
