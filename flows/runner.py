@@ -5,21 +5,27 @@ which a task runner fixed at decoration time cannot see; so this runner starts n
 itself and the flow connects (and disconnects) through infra.system.RLSystem.
 
 It also carries task parameters wrapped in Prefect's `opaque` across Ray intact, so the
-flow can hand every task run the run's handles without Prefect walking their tree.
+flow can hand every task run the run's handles without Prefect walking their tree, and
+submits every task run through one Ray remote function per set of remote options.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from uuid import uuid4
 
 import ray
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, serialize_context
 from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import opaque
+from prefect.utilities.engine import collect_task_run_inputs_sync
 from prefect_ray import RayTaskRunner
+from prefect_ray.context import RemoteOptionsContext
+from prefect_ray.task_runners import PrefectRayFuture
 
 from flows.context_cache import reused_prefect_context, serialize_settings_once
 from flows.reporting import send_reports_now, wait_reported
@@ -40,6 +46,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recent: deque = deque(maxlen=REMEMBERED_TASK_RUNS)
+        self._remote_functions: dict[str, ray.remote_function.RemoteFunction] = {}
 
     def __enter__(self):
         TaskRunner.__enter__(self)  # skip RayTaskRunner's ray.init: the flow body connects
@@ -53,9 +60,53 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         return type(self)()
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
-        future = super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+        """prefect-ray's submit, through a remote function made once per set of remote options.
+
+        prefect-ray wraps its task body in a new `ray.remote` at every submit. Ray gives each
+        remote function a new id, so every task run pickled and exported the body to the GCS
+        again (a fifth of the flow process's CPU in a profile of the loop), every worker
+        fetched and registered it again before running it, and the GCS kept every copy
+        (its memory grew by about 50 KiB an iteration)."""
+        if not self._started:
+            raise RuntimeError("The task runner must be started before submitting work.")
+        task_run_id = uuid4()
+        task_inputs = {
+            k: collect_task_run_inputs_sync(v, future_cls=PrefectRayFuture) for k, v in parameters.items()
+        }
+        context = serialize_context(
+            asset_ctx_kwargs={
+                "task": task,
+                "task_run_id": task_run_id,
+                "task_inputs": task_inputs,
+                "copy_to_child_ctx": True,
+            }
+        )
+        parameters, upstream_refs = self._exchange_prefect_for_ray_futures(parameters)
+        ref = (
+            self._remote_function()
+            .options(name=task.name)
+            .remote(
+                *upstream_refs,
+                task=task,
+                task_run_id=task_run_id,
+                parameters=parameters,
+                wait_for=wait_for,
+                dependencies=dependencies,
+                context=context,
+            )
+        )
+        future = PrefectRayFuture(task_run_id=task_run_id, wrapped_future=ref)
         self.recent.append(future)
         return future
+
+    def _remote_function(self) -> ray.remote_function.RemoteFunction:
+        """The task body as a Ray remote function with the current remote options."""
+        options = RemoteOptionsContext.get().current_remote_options or {}
+        key = json.dumps(options, sort_keys=True, default=repr)
+        if key not in self._remote_functions:
+            decorator = ray.remote(**options) if options else ray.remote
+            self._remote_functions[key] = decorator(self._run_prefect_task)
+        return self._remote_functions[key]
 
     def _exchange_prefect_for_ray_futures(self, kwargs_prefect_futures: dict) -> tuple[dict, list]:
         """prefect-ray's exchange of futures for Ray refs; an `opaque` parameter (which it does

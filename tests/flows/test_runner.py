@@ -3,16 +3,19 @@ settings it reuses per process (flows/context_cache.py) must follow the flow's s
 
 `ConnectedRayTaskRunner._run_prefect_task` sends a failed task run's logs and states to the
 API before its result; a completed one's go with the worker's next log batch, and the flow
-waits for them before Ray goes down (flows/reporting.py). prefect-ray submits
-`self._run_prefect_task`; if a prefect-ray release stops looking it up that way, the override
-silently stops applying and a failure's logs can be lost when the run ends right after it.
-The workers of that test batch logs to the API only once a minute, so the lines can only
-arrive through the override.
+waits for them before Ray goes down (flows/reporting.py). The runner's submit (one Ray remote
+function for all task runs) wraps that body and calls prefect-ray's own body inside it; if a
+prefect-ray release renames what it builds on, the last test here fails. The workers of the
+failure test batch logs to the API only once a minute, so the lines can only arrive through
+the override.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,9 +159,22 @@ def slow_log_batches(prefect_api):
         yield env
 
 
+def _exported_task_bodies() -> list[str]:
+    """The remote functions Ray's GCS holds for this job whose name is the task body's."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    names = [
+        pickle.loads(_internal_kv_get(key, namespace=b"fun"))["function_name"]
+        for key in _internal_kv_list(b"RemoteFunction:", namespace=b"fun")
+    ]
+    return [n for n in names if n.endswith("_run_prefect_task")]
+
+
 def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_batches):
     env = prefect_log_batches
     value, task_run_id, seen, held = one_task()
+    # 14 task runs, one remote function: exported to the GCS (and fetched by a worker) once
+    assert len(_exported_task_bodies()) == 1
     ray.shutdown()
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
@@ -202,11 +218,17 @@ def test_settings_are_serialized_once_per_context():
     assert changed is not first and changed["settings"]["tasks"]["default_retries"] == 3
 
 
-def test_prefect_ray_still_submits_the_overridable_body():
+def test_prefect_ray_still_has_what_the_runner_builds_on():
     from prefect_ray import RayTaskRunner
 
-    # The override is a staticmethod found through the instance; both must still exist.
-    assert "_run_prefect_task" in RayTaskRunner.__dict__
+    # the body the override calls inside its own (a staticmethod), and the exchange that
+    # carries `opaque` parameters, both called from the runner's submit
+    assert isinstance(RayTaskRunner.__dict__["_run_prefect_task"], staticmethod)
     assert ConnectedRayTaskRunner._run_prefect_task is not RayTaskRunner._run_prefect_task
-    # so must the exchange that carries `opaque` parameters
     assert "_exchange_prefect_for_ray_futures" in RayTaskRunner.__dict__
+    # the submit the runner replaces, as it was read (prefect-ray 0.5.0): a release that
+    # changes it may submit something the runner's copy does not
+    source = inspect.getsource(RayTaskRunner.submit).encode()
+    assert hashlib.sha256(source).hexdigest()[:16] == "fd5a1b4f775ef044", (
+        "prefect-ray's RayTaskRunner.submit changed: compare it with ConnectedRayTaskRunner.submit"
+    )
