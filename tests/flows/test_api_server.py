@@ -27,6 +27,9 @@ PROBE = textwrap.dedent(
     print("url", url == PREFECT_API_URL.value(), PREFECT_API_URL.value())
     print("servers", len(servers))
     print("niceness", [os.getpriority(os.PRIO_PROCESS, p.pid) for p in servers], SERVER_NICENESS)
+    env = servers[0].environ()
+    print("recorder", env["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"],
+          env["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL"])
     """
 )
 
@@ -50,6 +53,8 @@ def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
     assert lines["servers"] == "1"
     # Ray runs its workers (trainer ranks, engines, task runs) at niceness 15: the server is below
     assert lines["niceness"] == "[19] 19"
+    # its task run recorder writes states in batches, at most a second apart
+    assert lines["recorder"] == "100 1"
 
 
 # The port is the server's from the moment its URL is known: Ray starts while the server
