@@ -7,43 +7,96 @@ CA bundle). A cProfile of a Ray worker running trivial tasks spent most of each 
 there. A worker runs one task at a time and every task run of a flow run carries the same
 settings, so both are made once per process and kept while the settings stay the same.
 
-Flow side: every submit serializes the flow's settings for the worker (a model_dump of
-every settings model, ~0.1 s on a busy 2-core machine, in the flow loop's own thread).
-The settings context of a flow run does not change; its serialized form is kept.
+Flow side: every submit serializes the flow's settings and its flow run context for the
+worker (model_dumps of every settings model, of the flow run, the flow and its parameters:
+~0.1 s on a busy 2-core machine, in the flow loop's own thread). Neither context changes
+during a flow run (Prefect changes them by entering new ones), so each serialized form is
+kept. The flow run context also goes to Ray's object store once (~55 KB pickled: the flow
+object and its parameter schema); task runs carry a reference to it, and each worker
+unpickles it once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect.context import SettingsContext, SyncClientContext
+import ray
+from prefect.context import EngineContext, SettingsContext, SyncClientContext
 
 # serialized settings -> (their context, a client opened under them); one flow run at a time
 _cache: dict[str, tuple[SettingsContext, SyncClientContext]] = {}
 
-
-_serialize_settings = SettingsContext.serialize
-_serialized: dict[tuple[int, bool], tuple[SettingsContext, dict[str, Any]]] = {}
+Serialize = Callable[..., dict[str, Any]]
 
 
-def _serialize_settings_once(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
+def _once(serialize: Serialize) -> Serialize:
+    """`serialize` with its result kept per context object."""
     # keyed by identity (and the object kept alive, so the id stays its own): Prefect changes
-    # settings by entering a new SettingsContext, never by editing one in place
-    hit = _serialized.get((id(self), include_secrets))
-    if hit is None or hit[0] is not self:
-        if len(_serialized) > 16:
-            _serialized.clear()
-        hit = _serialized[(id(self), include_secrets)] = (self, _serialize_settings(self, include_secrets))
-    return hit[1]
+    # a context by entering a new one, never by editing one in place
+    kept: dict[tuple[int, bool], tuple[object, dict[str, Any]]] = {}
+
+    def serialize_once(self: Any, include_secrets: bool = True) -> dict[str, Any]:
+        hit = kept.get((id(self), include_secrets))
+        if hit is None or hit[0] is not self:
+            if len(kept) > 16:
+                kept.clear()
+            hit = kept[(id(self), include_secrets)] = (self, serialize(self, include_secrets))
+        return hit[1]
+
+    serialize_once.__wrapped__ = serialize  # type: ignore[attr-defined]
+    return serialize_once
 
 
-def serialize_settings_once() -> None:
-    """Make SettingsContext.serialize reuse its result for the same context (the flow's
-    process calls it for every task run it submits)."""
-    SettingsContext.serialize = _serialize_settings_once
+def serialize_contexts_once() -> None:
+    """Make the settings' and the flow run's context serialization reuse its result for the
+    same context (the flow's process calls both for every task run it submits)."""
+    for context in (SettingsContext, EngineContext):
+        if not hasattr(context.serialize, "__wrapped__"):
+            context.serialize = _once(context.serialize)
+
+
+class _Stored:
+    """A task run's serialized flow run context, kept in Ray's object store: the reference
+    travels with the task run, not the ~55 KB it points to."""
+
+    def __init__(self, ref: ray.ObjectRef) -> None:
+        self.ref = ref
+
+
+# flow side: id(serialized flow run context) -> (it, its object-store copy); worker side: ref -> it
+_stored: dict[int, tuple[dict[str, Any], _Stored]] = {}
+_loaded: dict[str, dict[str, Any]] = {}
+
+
+def store_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
+    """Flow side: `context` (prefect's serialize_context) with its flow run part replaced by
+    a reference to one copy in Ray's object store, put once per serialized flow run context."""
+    serialized = context.get("flow_run_context")
+    if not serialized:
+        return context
+    hit = _stored.get(id(serialized))
+    if hit is None or hit[0] is not serialized:
+        if len(_stored) > 4:
+            _stored.clear()
+        hit = _stored[id(serialized)] = (serialized, _Stored(ray.put(serialized)))
+    return {**context, "flow_run_context": hit[1]}
+
+
+def load_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
+    """Worker side: `context` with its stored flow run part back, unpickled once per worker."""
+    stored = context.get("flow_run_context")
+    if not isinstance(stored, _Stored):
+        return context
+    key = stored.ref.hex()
+    if key not in _loaded:
+        if len(_loaded) > 4:
+            _loaded.clear()
+        _loaded[key] = ray.get(stored.ref)
+    # a copy of the top level: Prefect builds its context from it, never from the kept one
+    return {**context, "flow_run_context": dict(_loaded[key])}
 
 
 def _entry(serialized: dict[str, Any]) -> tuple[SettingsContext, SyncClientContext]:
@@ -64,6 +117,7 @@ def _entry(serialized: dict[str, Any]) -> tuple[SettingsContext, SyncClientConte
 def reused_prefect_context(context: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Enter the cached settings and client for a task run's serialized `context`; yields
     the context without its settings, which Prefect would otherwise validate again."""
+    context = load_flow_run_context(context)
     serialized = context.get("settings_context")
     if not serialized:
         yield context

@@ -27,7 +27,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import RemoteOptionsContext
 from prefect_ray.task_runners import PrefectRayFuture
 
-from flows.context_cache import reused_prefect_context, serialize_settings_once
+from flows.context_cache import reused_prefect_context, serialize_contexts_once, store_flow_run_context
 from flows.reporting import send_reports_now, wait_reported
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
@@ -50,7 +50,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
 
     def __enter__(self):
         TaskRunner.__enter__(self)  # skip RayTaskRunner's ray.init: the flow body connects
-        serialize_settings_once()
+        serialize_contexts_once()
         return self
 
     def __exit__(self, *exc_info):
@@ -81,6 +81,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
                 "copy_to_child_ctx": True,
             }
         )
+        context = store_flow_run_context(context)  # its largest part, by reference
         parameters, upstream_refs = self._exchange_prefect_for_ray_futures(parameters)
         ref = (
             self._remote_function()

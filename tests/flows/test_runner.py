@@ -30,6 +30,7 @@ from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 from prefect.utilities.annotations import opaque
 
+from flows import context_cache
 from flows.prefect_api import SERVER_NICENESS, worker_env
 from flows.reporting import wait_reported
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
@@ -88,6 +89,17 @@ def held_services() -> tuple[int, int, int]:
     return os.getpid(), alive, len(threading._threading_atexits)
 
 
+@task(name="flow-run-seen")
+def flow_run_seen() -> tuple[str, str, int, list[str]]:
+    # the flow run context a task run sees on its worker, and what the worker keeps of it
+    import os
+
+    from flows import context_cache
+
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id), ctx.flow.name, os.getpid(), list(context_cache._loaded)
+
+
 @flow(task_runner=ConnectedRayTaskRunner())
 def one_task() -> tuple[int, str, list, list]:
     with task_runs_reported():  # as flows/train.py: before Ray goes down
@@ -99,6 +111,8 @@ def one_task() -> tuple[int, str, list, list]:
         # the flow's way of passing the run's handles: the task run gets the object itself
         seen.append(opaque_parameter.submit(opaque(Handles())).result())
         held = [held_services.submit().result() for _ in range(8)]
+        seen.append([flow_run_seen.submit().result() for _ in range(4)])
+        seen.append((str(FlowRunContext.get().flow_run.id), len(context_cache._stored)))
         future = speak.submit()  # the last: Ray goes down right after it
         return future.result(), str(future.task_run_id), seen, held
 
@@ -173,9 +187,18 @@ def _exported_task_bodies() -> list[str]:
 def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_batches):
     env = prefect_log_batches
     value, task_run_id, seen, held = one_task()
-    # 14 task runs, one remote function: exported to the GCS (and fetched by a worker) once
+    # 18 task runs, one remote function: exported to the GCS (and fetched by a worker) once
     assert len(_exported_task_bodies()) == 1
     ray.shutdown()
+    # the flow run's context went to the object store once; every task run saw that flow
+    # run, and each worker unpickled the one copy once
+    flow_run_id, stored = seen.pop()
+    assert stored == 1
+    by_worker = {}
+    for run_id, flow_name, pid, loaded in seen.pop():
+        assert (run_id, flow_name) == (flow_run_id, "one-task")
+        by_worker.setdefault(pid, set()).update(loaded)
+    assert all(len(keys) == 1 for keys in by_worker.values()), by_worker
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
     assert asyncio.run(_state(task_run_id)) == "COMPLETED"
@@ -210,6 +233,8 @@ def test_wait_reported_gives_up_on_task_runs_the_api_never_heard_of(prefect_api)
 
 def test_settings_are_serialized_once_per_context():
     ConnectedRayTaskRunner().__enter__()
+    ConnectedRayTaskRunner().__enter__()  # entered again (every flow run): wrapped once
+    assert not hasattr(SettingsContext.serialize.__wrapped__, "__wrapped__")
     ctx = SettingsContext.get()
     first = ctx.serialize()
     assert ctx.serialize() is first  # the flow's submits reuse it
