@@ -1,6 +1,7 @@
 """What a run shows in the Prefect UI besides its task runs: artifacts.
 
-- `<run>-progress`: a progress bar, updated every iteration;
+- `<run>-progress`: a progress bar, updated as iterations end (at most once a second, and
+  at the last one);
 - `<run>-eval`: a markdown summary of each evaluation, with a few sample completions;
 - `<run>-metrics`: a table with one row per iteration (the whole metrics.jsonl, so a
   resumed run's table continues the earlier runs'); the key keeps every run's version;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import time
 
 from prefect.artifacts import (
     create_link_artifact,
@@ -29,6 +31,9 @@ from infra.storage.fs import RunStore, is_local
 from infra.storage.metrics import read_metrics
 
 CURVE_FILE = "reward_curve.png"
+# Each progress update is an API call in the loop's thread and a write on the server; a bar
+# that moves once a second reads the same in the UI as one that moves every iteration.
+PROGRESS_EVERY_S = 1.0
 # The table's columns, in order (a row lacks those its iteration did not produce).
 TABLE_COLUMNS = [
     "rollout_id",
@@ -133,6 +138,7 @@ class RunArtifacts:
         self.cfg = cfg
         self.start, self.stop = start, cfg.num_rollout if stop is None else stop
         self.hf_export_uri = ""
+        self._progress_at = time.monotonic()
         self.progress_id = create_progress_artifact(
             progress=0.0 if self.stop > start else 100.0,
             key=artifact_key(cfg.run_name, "progress"),
@@ -154,7 +160,10 @@ class RunArtifacts:
         self.hf_export_uri = result.get("hf_export_uri") or self.hf_export_uri
 
     def iteration_done(self, rollout_id: int) -> None:
-        update_progress_artifact(self.progress_id, self._percent(rollout_id + 1))
+        now = time.monotonic()
+        if rollout_id + 1 >= self.stop or now - self._progress_at >= PROGRESS_EVERY_S:
+            update_progress_artifact(self.progress_id, self._percent(rollout_id + 1))
+            self._progress_at = now
 
     def finish(self, outputs: dict) -> None:
         """Metrics table, reward curve and links to the outputs, once the loop is done."""

@@ -173,3 +173,19 @@ def test_invalid_parameter_fails_fast_naming_the_field(prefect_api, monkeypatch)
     assert "config.algorithm.lr: Input should be greater than 0" in state.message, state.message
     assert time.monotonic() - t0 < 30
     assert not ray.is_initialized()
+
+
+def test_progress_moves_at_most_once_a_second_and_always_reaches_the_end(monkeypatch):
+    import flows.artifacts as artifacts
+
+    updates: list[float] = []
+    clock = [100.0]
+    monkeypatch.setattr(artifacts, "create_progress_artifact", lambda **kw: "progress-id")
+    monkeypatch.setattr(artifacts, "update_progress_artifact", lambda _id, pct: updates.append(pct))
+    monkeypatch.setattr(artifacts.time, "monotonic", lambda: clock[0])
+    report = artifacts.RunArtifacts(RunConfig(num_rollout=40), start=0)
+    for k in range(40):
+        clock[0] += 0.3  # iterations of 0.3 s
+        report.iteration_done(k)
+    # one update per ~1 s of iterations (every 4th at 0.3 s), and the last iteration's
+    assert updates == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
