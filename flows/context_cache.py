@@ -41,7 +41,7 @@ def _once(serialize: Serialize) -> Serialize:
     def serialize_once(self: Any, include_secrets: bool = True) -> dict[str, Any]:
         hit = kept.get((id(self), include_secrets))
         if hit is None or hit[0] is not self:
-            if len(kept) > 16:
+            if len(kept) > 4:  # the contexts are kept alive: a few recent ones only
                 kept.clear()
             hit = kept[(id(self), include_secrets)] = (self, serialize(self, include_secrets))
         return hit[1]

@@ -112,7 +112,8 @@ def one_task() -> tuple[int, str, list, list]:
         seen.append(opaque_parameter.submit(opaque(Handles())).result())
         held = [held_services.submit().result() for _ in range(8)]
         seen.append([flow_run_seen.submit().result() for _ in range(4)])
-        seen.append((str(FlowRunContext.get().flow_run.id), len(context_cache._stored)))
+        stored = [str(serialized["flow_run"]["id"]) for serialized, _ in context_cache._stored.values()]
+        seen.append((str(FlowRunContext.get().flow_run.id), stored))
         future = speak.submit()  # the last: Ray goes down right after it
         return future.result(), str(future.task_run_id), seen, held
 
@@ -193,7 +194,7 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
     # the flow run's context went to the object store once; every task run saw that flow
     # run, and each worker unpickled the one copy once
     flow_run_id, stored = seen.pop()
-    assert stored == 1
+    assert stored.count(flow_run_id) == 1  # (other flow runs of this process may have theirs)
     by_worker = {}
     for run_id, flow_name, pid, loaded in seen.pop():
         assert (run_id, flow_name) == (flow_run_id, "one-task")
