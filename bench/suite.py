@@ -50,8 +50,9 @@ BENCHES: list[Bench] = [
     Bench("bench.demo_footprint"),
     # the baseline: the commit before the start-up work (it writes the same timeline)
     Bench("bench.startup", ["--baseline", "8079e422257f"]),
-    # the baseline: the commit before training was submitted behind the sync
-    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "387ba8a"]),
+    # the baseline: the commit before one remote function per runner, the batched task run
+    # recorder and the flow run context stored once
+    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "8bd3703"]),
     Bench("bench.cpu_budget"),
     Bench("bench.task_run_cost"),
     Bench("bench.param_walk"),
