@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import inspect
 import pickle
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -218,6 +219,34 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
     assert len(counts) >= 4, by_worker
     (alive_early, hooks_early), (alive_late, hooks_late) = counts[1], counts[-1]
     assert alive_late <= alive_early + 2 and hooks_late <= hooks_early + 2, f"worker {pid}: {counts}"
+
+
+@task(name="speak-twice")
+def speak_twice() -> None:
+    get_run_logger().info("quiet-on-the-terminal")
+    get_run_logger().warning("loud-on-the-terminal")
+
+
+@flow(task_runner=ConnectedRayTaskRunner())
+def speaking() -> str:
+    with task_runs_reported():
+        future = speak_twice.submit()
+        future.wait()
+        return str(future.task_run_id)
+
+
+def test_task_runs_print_warnings_on_the_terminal_and_keep_info_for_the_ui(prefect_log_batches, capfd):
+    task_run_id = speaking()
+    # Ray forwards worker output to the driver as its log monitor reads it: wait for the
+    # warning; the info line, written before it by the same worker, would have come first
+    printed, deadline = "", time.monotonic() + 30
+    while "loud-on-the-terminal" not in printed and time.monotonic() < deadline:
+        time.sleep(0.2)
+        printed += "".join(capfd.readouterr())
+    assert "loud-on-the-terminal" in printed
+    assert "quiet-on-the-terminal" not in printed
+    messages = asyncio.run(_messages(task_run_id))  # the UI has both
+    assert "quiet-on-the-terminal" in messages and "loud-on-the-terminal" in messages
 
 
 def test_a_failed_task_run_sends_its_logs_before_its_result(slow_log_batches):
