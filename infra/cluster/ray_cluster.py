@@ -24,6 +24,8 @@ CODE_PACKAGES = ("infra", "flows", "tasks")
 # the warmed workers for the control tasks; the job's env (code path, API URL) still applies
 # underneath (Ray merges a task's env_vars into the job's).
 CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
+# tasks whose events a local cluster's GCS keeps (`ray list tasks` shows the most recent)
+TASK_EVENTS_KEPT = 5000
 
 
 def code_modules() -> list[ModuleType]:
@@ -86,6 +88,10 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
             _system_config={
                 "num_workers_soft_limit": layout.num_processes + 4,
                 "prestart_worker_first_driver": False,
+                # The GCS keeps the events of the last N tasks for Ray's state API (100k by
+                # default); with a dozen Ray tasks an iteration (task runs, actor calls) it grew
+                # ~45 KiB an iteration for thousands of iterations (bench.memory_growth).
+                "task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT,
             },
         )
     return True
