@@ -65,8 +65,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         prefect-ray wraps its task body in a new `ray.remote` at every submit. Ray gives each
         remote function a new id, so every task run pickled and exported the body to the GCS
         again (a fifth of the flow process's CPU in a profile of the loop), every worker
-        fetched and registered it again before running it, and the GCS kept every copy
-        (its memory grew by about 50 KiB an iteration)."""
+        fetched and registered it again before running it, and the GCS kept every copy."""
         if not self._started:
             raise RuntimeError("The task runner must be started before submitting work.")
         task_run_id = uuid4()
