@@ -46,10 +46,10 @@ class TrainingAhead:
     """The training task runs (actor, and critic in ppo) of an iteration, submitted during
     the iteration before, behind its weight sync.
 
-    Prefect holds such a task run until its upstream is done, and the Ray worker runs it
-    then: training k+1 starts as the sync of k ends, instead of after the flow has read the
-    sync's result and submitted it (its result, a new submit, the task run's start-up: about
-    0.1 s an iteration on the demo, each on the critical path). The sync itself waits for the
+    Ray holds such a task run until its upstream is done (the runner passes the upstream as
+    task arguments) and runs it then: training k+1 starts as the sync of k ends, instead of
+    after the flow has read the sync's result and submitted it (its result and a new submit:
+    about 0.1 s an iteration on the demo, each on the critical path). The sync itself waits for the
     batch generated ahead, so no training or generation runs while weights change.
     """
 

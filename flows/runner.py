@@ -82,15 +82,25 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         )
         context = store_flow_run_context(context)  # its largest part, by reference
         parameters, upstream_refs = self._exchange_prefect_for_ray_futures(parameters)
+        # The task runs it waits for go to Ray as task arguments: Ray starts this one once they
+        # are done and hands it their final states. prefect-ray passes them inside `wait_for`
+        # and the worker waited with ray.get on those nested refs; twice in ~4000 iterations at
+        # 8 prompts x 8 samples such a wait never returned although the task run it waited
+        # for had completed (the run hung: the worker had borrowed the same ref for the task
+        # run before). A task's own arguments are resolved by the owner, Ray's documented way.
+        awaited = [f.wrapped_future for f in wait_for or [] if isinstance(f, PrefectRayFuture)]
+        others = [f for f in wait_for or [] if not isinstance(f, PrefectRayFuture)]
         ref = (
             self._remote_function()
             .options(name=task.name)
             .remote(
                 *upstream_refs,
+                *awaited,
                 task=task,
                 task_run_id=task_run_id,
                 parameters=parameters,
-                wait_for=wait_for,
+                wait_for=others or None,
+                awaited=len(awaited),
                 dependencies=dependencies,
                 context=context,
             )
@@ -127,12 +137,17 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         return wait_reported(ended, timeout_s)
 
     @staticmethod
-    def _run_prefect_task(*upstream_ray_obj_refs, context: dict, **kwargs):
+    def _run_prefect_task(*upstream_ray_obj_refs, context: dict, awaited: int = 0, **kwargs):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py), with `opaque` parameters as the flow passed them. A completed
-        task run's logs and states go to the API with the worker's next batch; a failed one's
-        before its result returns (flows/reporting.py)."""
+        (flows/context_cache.py), with `opaque` parameters as the flow passed them, and the
+        final states of the task runs it waited for (the last `awaited` arguments, resolved
+        by Ray) as its `wait_for`. A completed task run's logs and states go to the API with
+        the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
         completed = False
+        if awaited:
+            waited = list(upstream_ray_obj_refs[-awaited:])
+            upstream_ray_obj_refs = upstream_ray_obj_refs[:-awaited]
+            kwargs["wait_for"] = [*(kwargs.get("wait_for") or []), *waited]
         parameters = kwargs.get("parameters") or {}
         kwargs["parameters"] = {
             k: opaque(v.value) if isinstance(v, _Opaque) else v for k, v in parameters.items()

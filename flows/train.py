@@ -124,9 +124,9 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
             # colocated (sync mode only, nothing in flight): engines give the trainer the devices
             released = run.release_engines() if config.cluster.colocate else {}
             trained = training.take(k)
-            # the sync's task run starts now and waits on its worker for training and for the
-            # batch generated ahead (no generation may be in flight while weights change): its
-            # own start-up overlaps training. Colocated, the engines first get their devices back.
+            # the sync's task run is submitted now; Ray starts it once training and the batch
+            # generated ahead are done (no generation may be in flight while weights change),
+            # without waiting for this loop. Colocated, the engines first get their devices back.
             synced = None
             if schedule.sync_after(k) and not config.cluster.colocate:
                 synced = sync_.submit(handles, k + 1, wait_for=trained + batches.in_flight())

@@ -30,6 +30,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRu
 from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 from prefect.utilities.annotations import opaque
+from prefect_ray.context import remote_options
 
 from flows import context_cache
 from flows.prefect_api import SERVER_NICENESS, worker_env
@@ -247,6 +248,50 @@ def test_task_runs_print_warnings_on_the_terminal_and_keep_info_for_the_ui(prefe
     assert "quiet-on-the-terminal" not in printed
     messages = asyncio.run(_messages(task_run_id))  # the UI has both
     assert "quiet-on-the-terminal" in messages and "loud-on-the-terminal" in messages
+
+
+@task(name="slow-upstream")
+def slow_upstream() -> int:
+    time.sleep(1.5)
+    return 1
+
+
+@task(name="downstream")
+def downstream() -> int:
+    return 2
+
+
+@flow(task_runner=ConnectedRayTaskRunner())
+def upstream_then_downstream() -> tuple[str, str, int]:
+    # as the loop's control tasks: no CPU asked, so nothing but the dependency holds it back
+    with task_runs_reported(), remote_options(num_cpus=0):
+        first = slow_upstream.submit()
+        second = downstream.submit(wait_for=[first])
+        return str(first.task_run_id), str(second.task_run_id), second.result()
+
+
+async def _states(task_run_id: str) -> list:
+    async with get_client() as client:
+        return await client.read_task_run_states(task_run_id)
+
+
+def test_a_task_run_starts_once_what_it_waits_for_is_done(prefect_log_batches):
+    first, second, value = upstream_then_downstream()
+    assert value == 2
+    upstream_done = next(s.timestamp for s in asyncio.run(_states(first)) if s.type.value == "COMPLETED")
+    states = asyncio.run(_states(second))
+    # Ray held it: the downstream task run came to be (Pending) after the upstream completed,
+    # instead of starting at once and waiting on its worker
+    assert states[0].type.value == "PENDING" and states[0].timestamp >= upstream_done
+    assert states[-1].type.value == "COMPLETED"
+    # the UI still shows the edge
+    (run,) = asyncio.run(_task_runs([second]))
+    assert [str(i.id) for i in run.task_inputs["wait_for"]] == [first]
+
+
+async def _task_runs(ids: list[str]) -> list:
+    async with get_client() as client:
+        return await client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=ids)))
 
 
 def test_a_failed_task_run_sends_its_logs_before_its_result(slow_log_batches):
