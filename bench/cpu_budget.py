@@ -22,22 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import psutil
-
-from bench.process_roles import role_of, watch_flow
-
-
-def cpu_by_pid(root: psutil.Process) -> dict[int, tuple[str, float]]:
-    """{pid: (role, CPU seconds so far)} over root and all its descendants."""
-    out = {}
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = (role_of(p, root.pid), t.user + t.system)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
+from bench.process_roles import cpu_by_pid, watch_flow
 
 # the second run: bench/trl_compare.py's batch, with the trainer layout that does best there
 TRL_SHAPE = [

@@ -29,6 +29,8 @@ _ROLES: list[tuple[str, str]] = [
     ("raylet", "ray raylet"),
     ("dashboard", "ray dashboard/agents"),
     ("runtime_env", "ray dashboard/agents"),
+    ("ray::DashboardAgent", "ray dashboard/agents"),
+    ("ray::RuntimeEnvAgent", "ray dashboard/agents"),
     ("log_monitor", "ray log monitor"),
     ("monitor.py", "ray log monitor"),
     ("uvicorn", "prefect server"),
@@ -53,6 +55,18 @@ def role_of(proc: psutil.Process, root_pid: int) -> str:
         name = cmd.split()[0][len("ray::") :].split(".")[0]
         return "ray " + name if name[:1].isupper() else "ray task workers"
     return "other: " + (proc.name() or "?")
+
+
+def cpu_by_pid(root: psutil.Process) -> dict[int, tuple[str, float]]:
+    """{pid: (role, CPU seconds so far)} over root and all its descendants."""
+    out = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (role_of(p, root.pid), t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
 
 
 def pss_by_role(root: psutil.Process) -> dict[str, tuple[int, int]]:

@@ -10,6 +10,11 @@ both see the same machine load. Every figure is seconds since this script launch
 median (min, max) over the repeats; `step` is the median time since the run's previous
 mark, i.e. what the phase added. Phases that overlap end in an order of their own, so the
 table is ordered by median end time. The demo's own log goes to stderr.
+
+While a run starts, its process tree is read every 0.2 s for each process's CPU time
+(bench/process_roles.py); the second table sums it by process role up to the first
+generate, against the cores times that wall time: where the start-up's work is, and how
+much of the machine it kept busy.
 """
 
 from __future__ import annotations
@@ -22,19 +27,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
+import psutil
+
 from bench.common import ratio_line, sides, spread
+from bench.process_roles import cpu_by_pid
 from infra.config_files import load_config
 from infra.handles import STARTUP_FILE
 from infra.storage.fs import RunStore
 
+# how often the run's processes are read for their CPU time
+CPU_POLL_S = 0.2
 
-def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]:
-    """One demo run of the code in `code`: each mark as seconds since the command, and the exit time."""
+
+def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float, dict[str, float]]:
+    """One demo run of the code in `code`: each mark as seconds since the command, the exit
+    time, and the CPU seconds each process role had used when the first generate started."""
     t0 = time.time()
     cmd = [sys.executable, "-m", "flows.train", *overrides]
-    proc = subprocess.run(cmd, cwd=code, stdout=sys.stderr, check=False)
+    proc = subprocess.Popen(cmd, cwd=code, stdout=sys.stderr)
+    samples = _sample_cpu(proc)
     exit_s = time.time() - t0
     if proc.returncode:
         raise SystemExit(f"the demo exited with {proc.returncode}")
@@ -42,7 +56,34 @@ def run_once(overrides: list[str], code: Path) -> tuple[dict[str, float], float]
     report = json.loads(RunStore(cfg.storage, cfg.run_name).read_text(STARTUP_FILE))
     marks = {"process_started": report["process_start_unix"] - t0}
     marks.update({phase: at - t0 for phase, at in report["marks_unix"].items()})
-    return marks, exit_s
+    return marks, exit_s, cpu_until(samples, report["marks_unix"]["first_generate_started"])
+
+
+def _sample_cpu(proc: subprocess.Popen) -> list[tuple[float, dict[int, tuple[str, float]]]]:
+    """(unix time, cpu_by_pid) of the run's process tree every CPU_POLL_S until it exits."""
+    root, samples = psutil.Process(proc.pid), []
+    while proc.poll() is None:
+        try:
+            samples.append((time.time(), cpu_by_pid(root)))
+        except psutil.NoSuchProcess:  # the flow process exited between poll and read
+            break
+        time.sleep(CPU_POLL_S)
+    proc.wait()
+    return samples
+
+
+def cpu_until(samples: list[tuple[float, dict[int, tuple[str, float]]]], at_unix: float) -> dict[str, float]:
+    """CPU seconds per role up to `at_unix`: each process's last reading before it (a
+    process that ended earlier keeps its last reading; its title then names its role)."""
+    last: dict[int, tuple[str, float]] = {}
+    for t, reads in samples:
+        if t > at_unix:
+            break
+        last.update(reads)
+    by_role: dict[str, float] = defaultdict(float)
+    for role, cpu in last.values():
+        by_role[role] += cpu
+    return dict(by_role)
 
 
 def _load() -> str:
@@ -72,8 +113,27 @@ def report(name: str, runs: list[dict[str, float]], exits: list[float]) -> dict[
     }
     for label, values in heads.items():
         print(f"{name}: {label}: {spread(values, '{:.2f}')} s")
-    print()
     return heads
+
+
+def report_cpu(name: str, cpus: list[dict[str, float]], runs: list[dict[str, float]]) -> None:
+    """What the processes did before the first generate: on a machine with few cores the
+    start-up is as long as its CPU work divided by the cores, whatever overlaps."""
+    cores = os.cpu_count() or 1
+    totals = [sum(c.values()) for c in cpus]
+    capacity = [m["first_generate_started"] * cores for m in runs]
+    print(
+        f"{name}: CPU seconds used from the command to the first generate, by process role: median (min, max, n)"
+    )
+    roles = sorted(
+        {r for c in cpus for r in c}, key=lambda r: -statistics.median(c.get(r, 0.0) for c in cpus)
+    )
+    for role in roles:
+        print(f"  {role:24s} {spread([c.get(role, 0.0) for c in cpus], '{:.2f}')}")
+    print(f"  {'total':24s} {spread(totals, '{:.2f}')}")
+    busy = [t / c for t, c in zip(totals, capacity, strict=True)]
+    print(f"{name}: share of {cores} cores x time to the first generate in use: {spread(busy, '{:.0%}')}")
+    print()
 
 
 def main(argv: list[str]) -> int:
@@ -99,7 +159,10 @@ def main(argv: list[str]) -> int:
                 ]
                 runs[name].append(run_once(overrides, code))
     print(f"load average (1, 5, 15 min) after the runs: {_load()}\n")
-    heads = {name: report(name, [r[0] for r in rs], [r[1] for r in rs]) for name, rs in runs.items()}
+    heads = {}
+    for name, rs in runs.items():
+        heads[name] = report(name, [r[0] for r in rs], [r[1] for r in rs])
+        report_cpu(name, [r[2] for r in rs], [r[0] for r in rs])
     if len(heads) == 2:
         (_, before), (_, after) = heads.items()
         key = "command to first generate start"
