@@ -26,6 +26,8 @@ from typing import Any
 import ray
 from prefect.context import EngineContext, SettingsContext, SyncClientContext
 
+from flows.object_store import GetOnce, PutOnce
+
 # serialized settings -> (their context, a client opened under them); one flow run at a time
 _cache: dict[str, tuple[SettingsContext, SyncClientContext]] = {}
 
@@ -66,9 +68,9 @@ class _Stored:
         self.ref = ref
 
 
-# flow side: id(serialized flow run context) -> (it, its object-store copy); worker side: ref -> it
-_stored: dict[int, tuple[dict[str, Any], _Stored]] = {}
-_loaded: dict[str, dict[str, Any]] = {}
+# flow side: serialized flow run context -> its object-store copy; worker side: ref -> it
+_stored = PutOnce()
+_loaded = GetOnce()
 
 
 def store_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
@@ -77,12 +79,7 @@ def store_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
     serialized = context.get("flow_run_context")
     if not serialized:
         return context
-    hit = _stored.get(id(serialized))
-    if hit is None or hit[0] is not serialized:
-        if len(_stored) > 4:
-            _stored.clear()
-        hit = _stored[id(serialized)] = (serialized, _Stored(ray.put(serialized)))
-    return {**context, "flow_run_context": hit[1]}
+    return {**context, "flow_run_context": _Stored(_stored(serialized))}
 
 
 def load_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
@@ -90,13 +87,8 @@ def load_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
     stored = context.get("flow_run_context")
     if not isinstance(stored, _Stored):
         return context
-    key = stored.ref.hex()
-    if key not in _loaded:
-        if len(_loaded) > 4:
-            _loaded.clear()
-        _loaded[key] = ray.get(stored.ref)
     # a copy of the top level: Prefect builds its context from it, never from the kept one
-    return {**context, "flow_run_context": dict(_loaded[key])}
+    return {**context, "flow_run_context": dict(_loaded(stored.ref))}
 
 
 def _entry(serialized: dict[str, Any]) -> tuple[SettingsContext, SyncClientContext]:

@@ -5,7 +5,8 @@ which a task runner fixed at decoration time cannot see; so this runner starts n
 itself and the flow connects (and disconnects) through infra.system.RLSystem.
 
 It also carries task parameters wrapped in Prefect's `opaque` across Ray intact, so the
-flow can hand every task run the run's handles without Prefect walking their tree, and
+flow can hand every task run the run's handles without Prefect walking their tree (and
+without Ray pickling them for every task run: they go to the object store once), and
 submits every task run through one Ray remote function per set of remote options.
 """
 
@@ -28,6 +29,7 @@ from prefect_ray.context import RemoteOptionsContext
 from prefect_ray.task_runners import PrefectRayFuture
 
 from flows.context_cache import reused_prefect_context, serialize_contexts_once, store_flow_run_context
+from flows.object_store import GetOnce, PutOnce
 from flows.reporting import send_reports_now, wait_reported
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
@@ -36,10 +38,16 @@ REMEMBERED_TASK_RUNS = 32
 
 class _Opaque:
     """A task parameter wrapped in Prefect's `opaque`, on its way through Ray: the annotation
-    is a tuple subclass, which Ray's argument serialization turns into a plain tuple."""
+    is a tuple subclass, which Ray's argument serialization turns into a plain tuple. The value
+    itself goes to Ray's object store once per flow run (flows/object_store.py); the carrier
+    holds its reference."""
 
-    def __init__(self, value: object) -> None:
-        self.value = value
+    def __init__(self, ref: ray.ObjectRef) -> None:
+        self.ref = ref
+
+
+# worker side: the opaque values of the task runs this worker ran, each unpickled once
+_opaque_values = GetOnce()
 
 
 class ConnectedRayTaskRunner(RayTaskRunner):
@@ -47,6 +55,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         super().__init__(*args, **kwargs)
         self.recent: deque = deque(maxlen=REMEMBERED_TASK_RUNS)
         self._remote_functions: dict[str, ray.remote_function.RemoteFunction] = {}
+        self._put_opaque = PutOnce()  # this flow run's opaque parameters, by identity
 
     def __enter__(self):
         TaskRunner.__enter__(self)  # skip RayTaskRunner's ray.init: the flow body connects
@@ -120,9 +129,13 @@ class ConnectedRayTaskRunner(RayTaskRunner):
 
     def _exchange_prefect_for_ray_futures(self, kwargs_prefect_futures: dict) -> tuple[dict, list]:
         """prefect-ray's exchange of futures for Ray refs; an `opaque` parameter (which it does
-        not walk into) then travels in a carrier the task body unwraps into `opaque` again."""
+        not walk into) then travels by reference in a carrier the task body unwraps into
+        `opaque` again."""
         parameters, refs = super()._exchange_prefect_for_ray_futures(kwargs_prefect_futures)
-        carried = {k: _Opaque(v.unwrap()) if isinstance(v, opaque) else v for k, v in parameters.items()}
+        carried = {
+            k: _Opaque(self._put_opaque(v.unwrap())) if isinstance(v, opaque) else v
+            for k, v in parameters.items()
+        }
         return carried, refs
 
     def wait_reported(self, timeout_s: float = 30.0) -> list:
@@ -150,7 +163,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
             kwargs["wait_for"] = [*(kwargs.get("wait_for") or []), *waited]
         parameters = kwargs.get("parameters") or {}
         kwargs["parameters"] = {
-            k: opaque(v.value) if isinstance(v, _Opaque) else v for k, v in parameters.items()
+            k: opaque(_opaque_values(v.ref)) if isinstance(v, _Opaque) else v for k, v in parameters.items()
         }
         try:
             with reused_prefect_context(context) as reused:

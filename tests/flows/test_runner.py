@@ -63,11 +63,18 @@ def fail() -> None:
 @dataclass
 class Handles:  # as infra.handles.RunHandles: a dataclass with a tree inside
     config: dict = field(default_factory=lambda: {"rollout": {"n": 16}})
+    unpickled = 0  # (not a field) how often this process has unpickled one
+
+    def __setstate__(self, state: dict) -> None:
+        type(self).unpickled += 1
+        self.__dict__.update(state)
 
 
 @task(name="opaque-parameter")
-def opaque_parameter(handles: Handles) -> tuple[str, int]:
-    return type(handles).__name__, handles.config["rollout"]["n"]
+def opaque_parameter(handles: Handles) -> tuple[str, int, int, int]:
+    import os
+
+    return type(handles).__name__, handles.config["rollout"]["n"], os.getpid(), type(handles).unpickled
 
 
 @task(name="worker-niceness")
@@ -99,7 +106,7 @@ def flow_run_seen() -> tuple[str, str, int, list[str]]:
     from flows import context_cache
 
     ctx = FlowRunContext.get()
-    return str(ctx.flow_run.id), ctx.flow.name, os.getpid(), list(context_cache._loaded)
+    return str(ctx.flow_run.id), ctx.flow.name, os.getpid(), list(context_cache._loaded.loaded)
 
 
 @flow(task_runner=ConnectedRayTaskRunner())
@@ -111,10 +118,12 @@ def one_task() -> tuple[int, str, list, list]:
         seen.append(retries_setting.submit().result())
         seen.append(worker_niceness.submit().result())
         # the flow's way of passing the run's handles: the task run gets the object itself
-        seen.append(opaque_parameter.submit(opaque(Handles())).result())
+        handles = opaque(Handles())
+        seen.append([opaque_parameter.submit(handles).result() for _ in range(6)])
+        seen.append(opaque_parameter.submit(opaque(Handles(config={"rollout": {"n": 32}}))).result())
         held = [held_services.submit().result() for _ in range(8)]
         seen.append([flow_run_seen.submit().result() for _ in range(4)])
-        stored = [str(serialized["flow_run"]["id"]) for serialized, _ in context_cache._stored.values()]
+        stored = [str(serialized["flow_run"]["id"]) for serialized, _ in context_cache._stored.kept.values()]
         seen.append((str(FlowRunContext.get().flow_run.id), stored))
         future = speak.submit()  # the last: Ray goes down right after it
         return future.result(), str(future.task_run_id), seen, held
@@ -205,7 +214,17 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
     assert value == 7
     assert MARK in asyncio.run(_messages(task_run_id))
     assert asyncio.run(_state(task_run_id)) == "COMPLETED"
-    assert seen.pop() == ("Handles", 16)  # not the plain tuple Ray makes of the annotation
+    # not the plain tuple Ray makes of the annotation; another handles object is its own
+    assert seen.pop()[:2] == ("Handles", 32)
+    # the same handles object went to the object store once: each worker unpickled it once,
+    # not once per task run (prefect-ray's way: Ray pickles every argument at every submit)
+    runs = seen.pop()
+    assert {run[:2] for run in runs} == {("Handles", 16)}
+    counts: dict[int, set] = {}
+    for _, _, pid, unpickled in runs:
+        counts.setdefault(pid, set()).add(unpickled)
+    assert max(len([r for r in runs if r[2] == pid]) for pid in counts) >= 2, runs  # a worker ran 2+
+    assert all(len(seen_counts) == 1 for seen_counts in counts.values()), counts
     # Ray's workers run at 15, the run's own API server below them (flows/prefect_api.py)
     assert seen.pop() == 15 < SERVER_NICENESS
     # settings changed in the flow reach the next task run, and changed back the one after
