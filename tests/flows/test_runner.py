@@ -29,6 +29,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterId
 from prefect.context import FlowRunContext, SettingsContext
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
+from prefect.states import Failed
 from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
@@ -306,6 +307,33 @@ def test_a_task_run_starts_once_what_it_waits_for_is_done(prefect_log_batches):
     # the UI still shows the edge
     (run,) = asyncio.run(_task_runs([second]))
     assert [str(i.id) for i in run.task_inputs["wait_for"]] == [first]
+
+
+@task(name="reports-an-earlier-failure")
+def reports_an_earlier_failure() -> dict:
+    # a result that holds a failed state as data (say, what an earlier attempt ended in)
+    return {"earlier": Failed(message="an earlier attempt"), "tries": 2}
+
+
+@flow(task_runner=ConnectedRayTaskRunner())
+def waits_on_a_result_holding_a_state() -> tuple[str, str]:
+    with task_runs_reported(), remote_options(num_cpus=0):
+        first = reports_an_earlier_failure.submit()
+        second = downstream.submit(wait_for=[first])
+        third = downstream.submit(wait_for=[fail.submit()])
+        second.wait()
+        third.wait()
+        return second.state.name, third.state.name
+
+
+def test_what_a_task_run_waits_for_is_its_upstream_not_the_upstreams_result(prefect_log_batches):
+    # As on Prefect's own runners: `wait_for` asks that the upstream completed. The upstream's
+    # result is not walked for more dependencies (it was, when the worker got the upstream's
+    # state: a failed state inside its data kept the downstream from running, and every
+    # task run walked its upstream's whole result before starting).
+    after_result_holding_a_failure, after_failure = waits_on_a_result_holding_a_state()
+    assert after_result_holding_a_failure == "Completed"
+    assert after_failure == "NotReady"  # a failed upstream still keeps it from running
 
 
 async def _task_runs(ids: list[str]) -> list:
