@@ -29,6 +29,12 @@ def persisted(config: RunConfig, *tasks: Task) -> tuple[Task, ...]:
     """The tasks with their results persisted to the run's storage."""
     storage = result_storage(config)
     # Prefect writes a result only under a key; caching stays off (a retried task must
-    # really run again), so the key comes from the task run's own name and id.
-    options = {"result_storage_key": "{task_run.name}-{task_run.id}", "cache_policy": None}
+    # really run again), so the key comes from the task run's own name and id. With a key,
+    # Prefect first looks the result up (a storage round trip, an S3 HEAD, at the start of
+    # every task run); a key of the run's own can hold nothing yet, so the write overwrites.
+    options = {
+        "result_storage_key": "{task_run.name}-{task_run.id}",
+        "cache_policy": None,
+        "refresh_cache": True,
+    }
     return tuple(t.with_options(result_storage=storage, persist_result=True, **options) for t in tasks)
