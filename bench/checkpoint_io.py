@@ -15,9 +15,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from bench.common import ratio_line
+from bench.common import moto_s3, ratio_line
 from infra.cluster.network import free_port
 
 ADDR = "127.0.0.1"
@@ -70,32 +67,8 @@ def main() -> None:
     from infra.config import TinyModelConfig
     from infra.model.tiny import build_tiny_model
 
-    port = free_port()
-    moto = subprocess.Popen(
-        [
-            shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server"),
-            "-H",
-            ADDR,
-            "-p",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=f"http://{ADDR}:{port}",
-    )
-    try:
+    with moto_s3():
         fs = s3fs.S3FileSystem()
-        for _ in range(100):
-            try:
-                fs.mkdir("bench")
-                break
-            except Exception:  # noqa: BLE001 - server still starting
-                time.sleep(0.1)
         with tempfile.TemporaryDirectory() as tmp:
             shape = TinyModelConfig(
                 hidden_size=args.hidden,
@@ -126,9 +99,6 @@ def main() -> None:
                 t0 = time.perf_counter()
                 fs.get(f"bench/raw{i}/", str(back) + "/", recursive=True)
                 gets.append(time.perf_counter() - t0)
-    finally:
-        moto.terminate()
-        moto.wait()
 
     best = {
         k: min(v)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import subprocess
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,3 +88,44 @@ def steal_share() -> Iterator[dict[str, float]]:
             delta = [b - a for a, b in zip(before, after, strict=False)]
             if sum(delta) > 0:
                 out["steal"] = round(delta[STEAL_COLUMN] / sum(delta), 3)
+
+
+@contextmanager
+def moto_s3(bucket: str = "bench") -> Iterator[str]:
+    """A moto S3 server on loopback (a real S3 HTTP API) with `bucket` made, for the time of
+    the block; its endpoint and credentials are in this process's environment, which child
+    processes inherit. Yields `s3://bucket`."""
+    import s3fs
+
+    from infra.cluster.network import free_port
+
+    port = free_port("127.0.0.1")
+    moto = subprocess.Popen(
+        [
+            shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server"),
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+    )
+    try:
+        fs = s3fs.S3FileSystem()
+        for _ in range(100):
+            try:
+                fs.mkdir(bucket)
+                break
+            except Exception:  # noqa: BLE001 - server still starting
+                time.sleep(0.1)
+        yield f"s3://{bucket}"
+    finally:
+        moto.terminate()
+        moto.wait()

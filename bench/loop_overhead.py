@@ -1,7 +1,7 @@
 """The loop's orchestration overhead: run the demo for N iterations and print the medians
 of its per-iteration timings from the run's metrics.jsonl.
 
-    python -m bench.loop_overhead [--iterations 30] [--repeats 1] [--baseline GIT_REF] [overrides...]
+    python -m bench.loop_overhead [--iterations 30] [--repeats 1] [--baseline GIT_REF] [--s3] [overrides...]
 
 With `--baseline`, the same run also goes from a checkout of that commit, alternating with
 this code's runs so both see the same machine load, and the ratios of the two sides' medians
@@ -27,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
-from bench.common import ratio_line, sides, spread, start_to_start, steal_share
+from bench.common import moto_s3, ratio_line, sides, spread, start_to_start, steal_share
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
@@ -77,9 +79,13 @@ def save_iterations(iterations: int, overrides: list[str]) -> set[int]:
     return {k for k in range(iterations) if schedule.save_after(k)}
 
 
-def run_once(iterations: int, overrides: list[str], code: Path) -> dict:
-    """One demo run of the code in `code`; its summary (the demo's own log goes to stderr)."""
-    with tempfile.TemporaryDirectory() as root:
+def run_once(iterations: int, overrides: list[str], code: Path, s3: str | None = None) -> dict:
+    """One demo run of the code in `code`; its summary (the demo's own log goes to stderr).
+    With `s3` (a bucket), the run's storage is a fresh prefix there instead of a local folder."""
+    import fsspec
+
+    with tempfile.TemporaryDirectory() as local:
+        root = f"{s3}/{uuid.uuid4().hex[:12]}" if s3 else local
         settings = [f"num_rollout={iterations}", f"storage.uri={root}", "run_name=loop-overhead", *overrides]
         t0 = time.monotonic()
         with steal_share() as machine:
@@ -89,8 +95,8 @@ def run_once(iterations: int, overrides: list[str], code: Path) -> dict:
         wall = time.monotonic() - t0
         if rc:
             raise SystemExit(f"the demo ({code}) exited with {rc}")
-        run = Path(root) / "loop-overhead"
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+        with fsspec.open(f"{root}/loop-overhead/metrics.jsonl", "r") as f:
+            rows = [json.loads(line) for line in f.read().splitlines() if line]
     summary = summarize(rows, save_iterations(iterations, settings))
     return {"wall_s": round(wall, 1), **summary, "cpu_steal": machine.get("steal")}
 
@@ -100,27 +106,38 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--baseline", help="a commit to measure too, alternating with this code")
+    parser.add_argument(
+        "--s3", action="store_true", help="the runs' storage on S3 (a moto server on loopback)"
+    )
     parser.add_argument("overrides", nargs="*", help="key.path=value settings for the demo config")
     args = parser.parse_args(argv)
-    print(f"demo, {args.iterations} iterations, {args.repeats} run(s) per side {' '.join(args.overrides)}")
-    with tempfile.TemporaryDirectory() as tmp:
+    storage = "storage on S3 (moto server on loopback)" if args.s3 else "local storage"
+    print(
+        f"demo, {args.iterations} iterations, {args.repeats} run(s) per side, {storage} {' '.join(args.overrides)}"
+    )
+    with tempfile.TemporaryDirectory() as tmp, moto_s3() if args.s3 else nullcontext() as bucket:
         code_of = sides(args.baseline, Path(tmp))
         runs: dict[str, list[dict]] = {name: [] for name in code_of}
         for _ in range(args.repeats):
             for name, code in code_of.items():
-                runs[name].append(run_once(args.iterations, args.overrides, code))
+                runs[name].append(run_once(args.iterations, args.overrides, code, bucket))
                 print(f"{name}: {json.dumps(runs[name][-1])}", flush=True)
     for name, results in runs.items():
         for key in ("iteration_s", "generate_s", "train_s", "sync_s", "overhead_s", "overlap_efficiency"):
             print(f"{name}: {key:20s} {spread([r[key] for r in results])}")
     mine = runs["this code"]
-    print(ratio_line("loop overlap efficiency, this code", [r["overlap_efficiency"] for r in mine], ">= 0.9"))
+    on = ", storage on S3" if args.s3 else ""
+    print(
+        ratio_line(
+            f"loop overlap efficiency, this code{on}", [r["overlap_efficiency"] for r in mine], ">= 0.9"
+        )
+    )
     if len(runs) == 2:
         before = next(iter(runs.values()))
         pairs = list(zip(before, mine, strict=True))
         print(
             ratio_line(
-                "loop orchestration overhead per iteration, baseline / this code",
+                f"loop orchestration overhead per iteration, baseline / this code{on}",
                 [b["overhead_s"] / a["overhead_s"] for b, a in pairs],
                 "this code's overhead <= 0.1 s",
             )

@@ -33,6 +33,12 @@ class Bench:
     args: list[str] = field(default_factory=list)
     needs: str | None = None  # an optional package; the bench is skipped (and says so) without it
     timeout_s: int = 1800
+    variant: str | None = None  # a second run of the same module: its section is `module[variant]`
+
+    @property
+    def key(self) -> str:
+        """The bench's section in the results file, and its name for `--only`."""
+        return f"{self.module}[{self.variant}]" if self.variant else self.module
 
     @property
     def command(self) -> str:
@@ -53,6 +59,13 @@ BENCHES: list[Bench] = [
     # the baseline: the commit before one remote function per runner, the batched task run
     # recorder and the flow run context stored once
     Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "8bd3703"]),
+    # the same with the run's storage on S3, against the commit before task results were
+    # written without a lookup first (every task run's start paid an S3 round trip)
+    Bench(
+        "bench.loop_overhead",
+        ["--iterations", "20", "--repeats", "3", "--baseline", "8c5ed87", "--s3"],
+        variant="s3",
+    ),
     Bench("bench.cpu_budget"),
     Bench("bench.task_run_cost"),
     Bench("bench.param_walk"),
@@ -88,7 +101,7 @@ def machine() -> str:
 def run(bench: Bench) -> str:
     """The bench's section: command, date, printed output (or why it did not run)."""
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    head = f"## `{bench.module}`\n\n`{bench.command}` ({date})\n\n"
+    head = f"## `{bench.key}`\n\n`{bench.command}` ({date})\n\n"
     if bench.needs and importlib.util.find_spec(bench.needs) is None:
         return head + f"Not run: needs `{bench.needs}` (`pip install -e .[bench]`).\n"
     print(f"== {bench.command}", flush=True)
@@ -111,10 +124,10 @@ def _sections(text: str) -> dict[str, str]:
 def write(sections: dict[str, str]) -> str:
     ratios = []
     for bench in BENCHES:
-        for line in sections.get(bench.module, "").splitlines():
+        for line in sections.get(bench.key, "").splitlines():
             if line.startswith("RATIO "):
                 name, value = line[len("RATIO ") :].split(": ", 1)
-                ratios.append(f"| {name} | {value.replace('; ', ' | ')} | `{bench.module}` |")
+                ratios.append(f"| {name} | {value.replace('; ', ' | ')} | `{bench.key}` |")
     parts = [
         "# Benchmark results\n",
         "Written by `make bench` (`python -m bench.suite`); do not edit by hand. Every benchmark "
@@ -127,8 +140,8 @@ def write(sections: dict[str, str]) -> str:
         "",
     ]
     for bench in BENCHES:
-        if bench.module in sections:
-            block = f"{BEGIN.format(bench.module)}\n{sections[bench.module]}{END.format(bench.module)}\n"
+        if bench.key in sections:
+            block = f"{BEGIN.format(bench.key)}\n{sections[bench.key]}{END.format(bench.key)}\n"
             parts.append(block)
     return "\n".join(parts)
 
@@ -137,17 +150,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", help="modules to run; the other sections are kept")
     args = ap.parse_args()
-    known = {b.module: b for b in BENCHES}
+    known = {b.key: b for b in BENCHES}
     unknown = [m for m in args.only or [] if m not in known]
     if unknown:
         raise SystemExit(f"--only: unknown bench {unknown}; known: {', '.join(known)}")
     sections = _sections(RESULTS.read_text()) if RESULTS.is_file() else {}
     failed = 0
     for bench in BENCHES:
-        if args.only and bench.module not in args.only:
+        if args.only and bench.key not in args.only:
             continue
-        sections[bench.module] = run(bench)
-        failed += "**Failed" in sections[bench.module]
+        sections[bench.key] = run(bench)
+        failed += "**Failed" in sections[bench.key]
         RESULTS.write_text(write(sections))  # after each bench: a later failure keeps the earlier
     print(f"wrote {RESULTS}")
     return 1 if failed else 0
