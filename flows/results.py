@@ -7,20 +7,59 @@ flow run retried from the UI finds them (and resumes from the latest checkpoint)
 
 from __future__ import annotations
 
-from prefect.filesystems import LocalFileSystem, RemoteFileSystem, WritableFileSystem
+import asyncio
+import json
+from functools import lru_cache
+
+from prefect.filesystems import WritableFileSystem
 from prefect.tasks import Task
 
-from infra.config import RunConfig
-from infra.storage.fs import RunStore, is_local, storage_options
+from infra.config import RunConfig, StorageConfig
+from infra.storage.fs import RunStore
+
+RESULTS_FOLDER = "prefect-results"
 
 
-def result_storage(config: RunConfig) -> WritableFileSystem:
-    uri = RunStore(config.storage, config.run_name).uri("prefect-results")
-    if is_local(uri):
-        block: WritableFileSystem = LocalFileSystem(basepath=uri)
-    else:
-        # endpoint and region only: credentials stay in the environment, never in a block
-        block = RemoteFileSystem(basepath=uri, settings=storage_options(config.storage))
+class RunResultStorage(WritableFileSystem):
+    """Prefect results in `<run folder>/prefect-results/`, read and written through the
+    project's storage seam (infra/storage/fs.py): one put per result, retried through
+    storage outages like every other write of the run, and never a `makedirs`. Prefect's
+    own RemoteFileSystem sends one before every write, which on S3 is a bucket lookup (a
+    round trip at the end of every task run) and a CreateBucket where the bucket is missing.
+    Holds the run's storage section, which carries no credentials."""
+
+    _block_type_name = "RL Run Result Storage"
+    _description = "Task results in the run folder of a prefect-rl run, on its local or S3 storage."
+
+    storage: dict
+    run_name: str
+
+    def _store(self) -> RunStore:
+        return _run_store(json.dumps(self.storage, sort_keys=True), self.run_name)
+
+    def read_path(self, path: str, _sync: bool | None = None) -> bytes:
+        return self._store().read_bytes(f"{RESULTS_FOLDER}/{path}")
+
+    def write_path(self, path: str, content: bytes, _sync: bool | None = None) -> str:
+        store = self._store()
+        store.write_bytes(f"{RESULTS_FOLDER}/{path}", content)
+        return store.uri(RESULTS_FOLDER, path)
+
+    async def aread_path(self, path: str) -> bytes:
+        return await asyncio.to_thread(self.read_path, path)
+
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return await asyncio.to_thread(self.write_path, path, content)
+
+
+@lru_cache(maxsize=8)
+def _run_store(storage: str, run_name: str) -> RunStore:
+    """One store per run and process: Prefect calls the block for every result."""
+    return RunStore(StorageConfig.model_validate_json(storage), run_name)
+
+
+def result_storage(config: RunConfig) -> RunResultStorage:
+    block = RunResultStorage(storage=config.storage.model_dump(mode="json"), run_name=config.run_name)
     block.save(f"prl-results-{config.run_name.lower().replace('.', '-').replace('_', '-')}", overwrite=True)
     return block
 
