@@ -1,15 +1,15 @@
 """The Prefect flow against a plain asyncio driver of the same loop, side by side in one run.
 
-    python -m bench.asyncio_driver [--iterations 10 --repeats 3] [overrides...]
+    python -m bench.asyncio_driver [--iterations 20 --repeats 5] [overrides...]
 
 The driver brings up the same RLSystem and calls the same RunHandles methods, with the
 same one-step-ahead overlap as flows/train.py (generate k+1 runs in a thread while train k
 runs in another), but no Prefect: it is the loop's cost without orchestration. Both sides
-run the demo config for the same iterations, alternating flow, driver, flow, driver...; each
+run the demo config for the same iterations, alternating flow, driver, driver, flow, ...; each
 records when each iteration started (`time_started_unix`), and seconds per iteration are
 from one start to the next (so whatever either side overlaps across iterations counts as
 it runs), iteration 0 (warm-up) left out. The figure is the ratio of the median seconds per
-iteration, flow / driver.
+iteration, flow / driver, per repeat (the two runs of a repeat are next to each other).
 """
 
 from __future__ import annotations
@@ -95,15 +95,18 @@ def _per_iteration(cfg: RunConfig) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--config", default="configs/tiny-demo.yaml")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     flow_s, driver_s = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            for side, times in (("flow", flow_s), ("driver", driver_s)):
+            # which side goes first alternates, so a machine that drifts slower (or faster)
+            # over the run weighs on both sides alike
+            order = (("flow", flow_s), ("driver", driver_s))
+            for side, times in order if i % 2 == 0 else order[::-1]:
                 extra = [f"num_rollout={args.iterations}", f"storage.uri={tmp}", f"run_name={side}-{i}"]
                 cfg = load_config(args.config, [*args.overrides, *extra])
                 with steal_share() as machine:
