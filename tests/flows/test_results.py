@@ -27,7 +27,9 @@ def _run_three(cfg: RunConfig) -> list[str]:
     @flow
     def three() -> list[str]:
         futures = [doubled.submit(i) for i in range(3)]
-        return [f.state.data.metadata.storage_key for f in futures if f.wait() is None]
+        for future in futures:
+            future.wait()
+        return [f.state.data.metadata.storage_key for f in futures]
 
     return three()
 
