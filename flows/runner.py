@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import ray
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import State, StateDetails
 from prefect.context import FlowRunContext, serialize_context
 from prefect.futures import PrefectTaskRunFuture
+from prefect.states import Failed
 from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import opaque
 from prefect.utilities.engine import collect_task_run_inputs_sync
@@ -34,6 +35,7 @@ from prefect_ray.task_runners import PrefectRayFuture
 from flows.context_cache import reused_prefect_context, serialize_contexts_once, store_flow_run_context
 from flows.object_store import GetOnce, PutOnce
 from flows.reporting import send_reports_now, wait_reported
+from infra.cluster.control_workers import RECENT_PER_WORKER, current_pool
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
 REMEMBERED_TASK_RUNS = 32
@@ -51,6 +53,9 @@ class _Opaque:
 
 # worker side: the opaque values of the task runs this worker ran, each unpickled once
 _opaque_values = GetOnce()
+# worker side: the final states of the last task runs it ran, for those queued behind them (as
+# many as the pool counts as ran before a task run it sends there)
+_finished_states: OrderedDict[UUID, State] = OrderedDict()
 
 
 class _Finished(PrefectTaskRunFuture):
@@ -124,23 +129,40 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         # 8 prompts x 8 samples such a wait never returned although the task run it waited
         # for had completed (the run hung: the worker had borrowed the same ref for the task
         # run before). A task's own arguments are resolved by the owner, Ray's documented way.
-        awaited = [f.wrapped_future for f in wait_for or [] if isinstance(f, PrefectRayFuture)]
+        # On a control worker, the upstream it is queued behind is not even that: the worker
+        # runs what it was sent in order, and keeps the final states of what it ran.
+        awaited = {f.wrapped_future: f.task_run_id for f in wait_for or [] if isinstance(f, PrefectRayFuture)}
         others = [f for f in wait_for or [] if not isinstance(f, PrefectRayFuture)]
-        ref = (
-            self._remote_function()
-            .options(name=task.name)
-            .remote(
-                *upstream_refs,
-                *awaited,
-                task=task,
-                task_run_id=task_run_id,
-                parameters=parameters,
-                wait_for=others or None,
-                awaited=len(awaited),
-                dependencies=dependencies,
-                context=context,
-            )
+        kwargs = dict(
+            task=task,
+            task_run_id=task_run_id,
+            parameters=parameters,
+            wait_for=others or None,
+            dependencies=dependencies,
+            context=context,
         )
+        pool = current_pool()
+        if pool is not None and pool.serves(RemoteOptionsContext.get().current_remote_options or {}):
+            # on the run's control workers: what this task run waits for and the worker it goes
+            # to ran before it (a chain) needs no Ray argument, ordering makes it wait
+            worker, ran_before = pool.pick(list(awaited))
+            remote = [ref for ref in awaited if ref not in ran_before]
+            kwargs["ran_before"] = [awaited[ref] for ref in ran_before]
+            ref = pool.send(
+                worker,
+                self._run_prefect_task,
+                *upstream_refs,
+                *remote,
+                name=task.name,
+                awaited=len(remote),
+                **kwargs,
+            )
+        else:
+            ref = (
+                self._remote_function()
+                .options(name=task.name)
+                .remote(*upstream_refs, *awaited, awaited=len(awaited), **kwargs)
+            )
         future = PrefectRayFuture(task_run_id=task_run_id, wrapped_future=ref)
         self.recent.append(future)
         return future
@@ -177,16 +199,20 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         return wait_reported(ended, timeout_s)
 
     @staticmethod
-    def _run_prefect_task(*upstream_ray_obj_refs, context: dict, awaited: int = 0, **kwargs):
+    def _run_prefect_task(
+        *upstream_ray_obj_refs, context: dict, awaited: int = 0, ran_before: list[UUID] = (), **kwargs
+    ):
         """prefect-ray's task body in the worker's reused settings and API client
         (flows/context_cache.py), with `opaque` parameters as the flow passed them, and the
         final states of the task runs it waited for (the last `awaited` arguments, resolved
-        by Ray) as its `wait_for`. A completed task run's logs and states go to the API with
+        by Ray, and those of `ran_before`, run earlier by this control worker) as its `wait_for`. A completed task run's logs and states go to the API with
         the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
         completed = False
+        waited = [_Finished(_finished_here(task_run_id)) for task_run_id in ran_before]
         if awaited:
-            waited = [_Finished(state) for state in upstream_ray_obj_refs[-awaited:]]
+            waited += [_Finished(state) for state in upstream_ray_obj_refs[-awaited:]]
             upstream_ray_obj_refs = upstream_ray_obj_refs[:-awaited]
+        if waited:
             kwargs["wait_for"] = [*(kwargs.get("wait_for") or []), *waited]
         parameters = kwargs.get("parameters") or {}
         kwargs["parameters"] = {
@@ -195,11 +221,26 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         try:
             with reused_prefect_context(context) as reused:
                 state = RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, context=reused, **kwargs)
+            _finished_states[kwargs["task_run_id"]] = state
+            while len(_finished_states) > RECENT_PER_WORKER:
+                _finished_states.popitem(last=False)
             completed = state.is_completed()
             return state
         finally:
             if not completed:
                 send_reports_now()
+
+
+def _finished_here(task_run_id: UUID) -> State:
+    """The final state of a task run this worker ran: one that the task run about to start
+    waits for and was queued behind on the same control worker."""
+    state = _finished_states.get(task_run_id)
+    if state is None:  # it ended without a state: Ray's error (the worker's log) is all there is
+        state = Failed(
+            message=f"task run {task_run_id}, which this one waits for, ended on this worker without a final state",
+            state_details=StateDetails(task_run_id=task_run_id),
+        )
+    return state
 
 
 def _final(ref: ray.ObjectRef) -> bool:

@@ -27,7 +27,8 @@ from flows.prefect_api import ApiServerStart, worker_env
 from flows.results import persisted
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 from infra import startup
-from infra.cluster.ray_cluster import CONTROL_RUNTIME_ENV, ray_session
+from infra.cluster.control_workers import CONTROL_OPTIONS
+from infra.cluster.ray_cluster import ray_session
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -76,9 +77,9 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
 
     system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
     # leaving: the task runs' last logs and states reach the API before Ray stops the workers
-    with system as run, remote_options(num_cpus=0, runtime_env=CONTROL_RUNTIME_ENV), task_runs_reported():
-        # control tasks only wait on actors: num_cpus=0 keeps them from queueing behind them;
-        # their runtime env is the one their workers were warmed in
+    with system as run, remote_options(**CONTROL_OPTIONS), task_runs_reported():
+        # the task runs go to the run's control workers (infra/cluster/control_workers.py),
+        # warmed while the actors started
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
         # what the task runs get: opaque, so Prefect and prefect-ray pass it as it is instead

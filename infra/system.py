@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import ray
 
 from infra import startup
+from infra.cluster.control_workers import ControlWorkers, close_pool, open_pool
 from infra.cluster.placement import PlacementLayout, plan_placement
 from infra.cluster.ray_cluster import (
     bundle_nodes,
@@ -20,7 +21,6 @@ from infra.cluster.ray_cluster import (
     ordered_bundles,
     remove_groups,
     slot_options,
-    warm_workers,
 )
 from infra.config import RunConfig
 from infra.handles import RunHandles
@@ -34,8 +34,9 @@ from infra.trainer.rank import TrainerRank
 from infra.weights.transport import WeightTransport, make_transport
 
 log = logging.getLogger(__name__)
-# Control tasks in flight at once: generate(k+1) beside train(k) (or save/sync/eval); one more
-# with a critic (train-critic(k) beside train(k)).
+# Control workers (infra/cluster/control_workers.py) the loop keeps busy at once: the chain
+# train(k) -> sync -> train(k+1) on one, generate(k+1) on the other (save and eval take the one
+# that is free); one more with a critic (train-critic(k) beside train(k)).
 CONTROL_WORKERS = 2
 
 
@@ -59,6 +60,7 @@ class RLSystem:
         self.trainers: list = []
         self.critics: list = []
         self.transport: WeightTransport | None = None
+        self.control: ControlWorkers | None = None
         self.trackers: Trackers | None = None
 
     def __enter__(self) -> RunHandles:
@@ -77,9 +79,8 @@ class RLSystem:
         # False when the command started Ray
         self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
         startup.mark("ray_connected")
-        # the control tasks' workers import Prefect while everything else starts (their own
-        # runtime env keeps Ray from handing them to the actors)
-        warm = warm_workers(CONTROL_WORKERS + int(cfg.critic.enabled), self.warm_imports)
+        # the control workers (the flow's task runs) import Prefect while everything else starts
+        self.control, warm = open_pool(self.warm_imports, CONTROL_WORKERS + int(cfg.critic.enabled))
         local = not cfg.cluster.ray_address
         store = RunStore(cfg.storage, cfg.run_name)
         opts = storage_options(cfg.storage)
@@ -196,6 +197,9 @@ class RLSystem:
             except Exception as e:  # noqa: BLE001
                 log.warning("kill failed: %s", e)
         self.actors, self.trainers, self.critics, self.engines = [], [], [], []
+        if self.control is not None:  # after the flow waited for its task runs' reports
+            close_pool(self.control)
+            self.control = None
         if self.groups:
             try:
                 remove_groups(self.groups)

@@ -19,10 +19,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 CODE_PACKAGES = ("infra", "flows", "tasks")
-# The runtime env of the control tasks (Prefect task runs on Ray) and of the workers warmed
-# for them. Ray reuses a worker only for work of the same runtime env, so this marker keeps
-# the warmed workers for the control tasks; the job's env (code path, API URL) still applies
-# underneath (Ray merges a task's env_vars into the job's).
+# The runtime env of the control work (Prefect task runs on Ray, infra/cluster/control_workers.py):
+# the marker tells their processes apart; the job's env (code path, API URL) still applies
+# underneath (Ray merges an actor's env_vars into the job's).
 CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
 # tasks whose events a local cluster's GCS keeps (`ray list tasks` shows the most recent)
 TASK_EVENTS_KEPT = 5000
@@ -176,25 +175,3 @@ def bundle_nodes(pg: PlacementGroup) -> list[str]:
 def remove_groups(groups: Mapping[str, PlacementGroup]) -> None:
     for pg in groups.values():
         remove_placement_group(pg)
-
-
-def _import_and_wait(modules: list[str], seconds: float) -> int:
-    import importlib
-    import time
-
-    for name in modules:
-        importlib.import_module(name)
-    time.sleep(seconds)  # hold this worker so the next warm-up lands on another one
-    return os.getpid()
-
-
-def warm_workers(count: int, modules: list[str]) -> list[ray.ObjectRef]:
-    """Start `count` idle workers with `modules` imported, without waiting for them.
-
-    The loop runs generate(k+1) and train(k) at the same time on two workers; a cold
-    worker spends seconds importing Prefect, which would serialize the first iterations.
-    They run in CONTROL_RUNTIME_ENV, as the control tasks must, so they can be warmed while
-    the actors start: Ray never hands a worker of another runtime env to an actor.
-    """
-    task = ray.remote(num_cpus=0)(_import_and_wait).options(runtime_env=CONTROL_RUNTIME_ENV)
-    return [task.remote(modules, 1.0) for _ in range(count)]

@@ -1,8 +1,13 @@
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
 import pytest
+import ray
 from prefect.testing.utilities import prefect_test_harness
+
+from flows.prefect_api import worker_env
 
 
 @pytest.fixture(scope="session")
@@ -14,6 +19,29 @@ def prefect_api():
         from prefect.settings import PREFECT_API_URL
 
         yield PREFECT_API_URL.value()
+
+
+@contextmanager
+def ray_workers(**env: str) -> Iterator[dict]:
+    """A local Ray whose workers report to the test API, with `env` on top."""
+    env = {**worker_env(), **env}
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        yield env
+    finally:
+        ray.shutdown()  # kills the worker: anything it had not sent is gone
+
+
+@pytest.fixture
+def prefect_log_batches(prefect_api):
+    with ray_workers() as env:  # Prefect's own batch interval
+        yield env
+
+
+@pytest.fixture
+def slow_log_batches(prefect_api):
+    with ray_workers(PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60") as env:
+        yield env
 
 
 def engine_server_pids() -> list[int]:

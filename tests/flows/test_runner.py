@@ -17,12 +17,9 @@ import hashlib
 import inspect
 import pickle
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from uuid import uuid4
 
-import pytest
 import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
@@ -34,7 +31,7 @@ from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
 from flows import context_cache
-from flows.prefect_api import SERVER_NICENESS, worker_env
+from flows.prefect_api import SERVER_NICENESS
 from flows.reporting import wait_reported
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 
@@ -162,28 +159,6 @@ async def _state(task_run_id: str) -> str:
             task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))
         )
         return run.state.type.value
-
-
-@contextmanager
-def ray_workers(**env: str) -> Iterator[dict]:
-    env = {**worker_env(), **env}
-    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
-    try:
-        yield env
-    finally:
-        ray.shutdown()  # kills the worker: anything it had not sent is gone
-
-
-@pytest.fixture
-def prefect_log_batches(prefect_api):
-    with ray_workers() as env:  # Prefect's own batch interval
-        yield env
-
-
-@pytest.fixture
-def slow_log_batches(prefect_api):
-    with ray_workers(PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60") as env:
-        yield env
 
 
 def _exported_task_bodies() -> list[str]:
