@@ -30,6 +30,7 @@ from infra.cluster.control_workers import (
     current_pool,
     open_pool,
 )
+from tests.processes import alive
 
 
 def stamp(seconds: float) -> tuple[int, float, float]:
@@ -110,17 +111,9 @@ def test_close_stops_the_workers(pool):
     pool.close()
     assert pool.workers == []
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(pid) for pid in pids)
-
-
-def _alive(pid: int) -> bool:
-    try:  # a zombie until Ray reaps it counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not any(alive(pid) for pid in pids)
 
 
 @task(name="slow-pid")

@@ -25,6 +25,7 @@ from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.broadcast import BroadcastSender, pack
 from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
+from tests.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
@@ -61,14 +62,6 @@ def client(server) -> EngineClient:
 
 def _post(url: str, path: str, body: dict) -> httpx.Response:
     return httpx.post(f"{url}{path}", json=body, timeout=60)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
-    except FileNotFoundError:
-        return False
 
 
 def test_generate_single_batch_and_n(server):
@@ -369,7 +362,7 @@ def test_bad_requests_name_the_field(server, client):
 def test_stop_engine_ends_the_process(model_dir):
     proc = launch_engine("torch", str(model_dir), "127.0.0.1", free_port(), seed=0, threads=1, extra_args={})
     stop_engine(proc, timeout_s=10)
-    assert proc.poll() is not None and not _alive(proc.pid)
+    assert proc.poll() is not None and not alive(proc.pid)
 
 
 def test_engine_dies_with_its_parent(model_dir):
@@ -384,16 +377,16 @@ def test_engine_dies_with_its_parent(model_dir):
     engine_pid = -1
     try:
         engine_pid = int(parent.stdout.readline())
-        assert _alive(engine_pid)
+        assert alive(engine_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(engine_pid) and time.monotonic() < deadline:
+        while alive(engine_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(engine_pid)
+        assert not alive(engine_pid)
     finally:
         parent.kill()
-        if engine_pid > 0 and _alive(engine_pid):
+        if engine_pid > 0 and alive(engine_pid):
             os.kill(engine_pid, signal.SIGKILL)
 
 
