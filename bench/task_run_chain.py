@@ -49,15 +49,17 @@ def chain(links: int) -> float:
 
 
 def side(on_control_workers: bool, links: int) -> float:
-    """ms per link, after one untimed chain."""
-    if not on_control_workers:
-        return 1000 * [chain(links) for _ in range(2)][-1]
-    pool, ready = open_pool(WORKER_IMPORTS, 2)
-    try:
+    """ms per link of one chain, after an untimed one (workers and the API warm)."""
+    pool = None
+    if on_control_workers:
+        pool, ready = open_pool(WORKER_IMPORTS, 2)
         ray.get(ready)
-        return 1000 * [chain(links) for _ in range(2)][-1]
+    try:
+        chain(links)
+        return 1000 * chain(links)
     finally:
-        close_pool(pool)
+        if pool is not None:
+            close_pool(pool)
 
 
 def main(argv: list[str]) -> int:

@@ -205,8 +205,9 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         """prefect-ray's task body in the worker's reused settings and API client
         (flows/context_cache.py), with `opaque` parameters as the flow passed them, and the
         final states of the task runs it waited for (the last `awaited` arguments, resolved
-        by Ray, and those of `ran_before`, run earlier by this control worker) as its `wait_for`. A completed task run's logs and states go to the API with
-        the worker's next batch; a failed one's before its result returns (flows/reporting.py)."""
+        by Ray, and those of `ran_before`, run earlier by this control worker) as its
+        `wait_for`. A completed task run's logs and states go to the API with the worker's
+        next batch; a failed one's before its result returns (flows/reporting.py)."""
         completed = False
         waited = [_Finished(_finished_here(task_run_id)) for task_run_id in ran_before]
         if awaited:
