@@ -4,8 +4,8 @@ against micro-batches by sample count, on the same batch, side by side in one ru
     python -m bench.trainer_throughput [--samples 256 --micro-batch 16 --repeats 3]
 
 The batch: tiny demo model, prompts of 4-8 tokens, response lengths that vary as RL
-rollouts do (80% of 2-12 tokens, 20% of 40-56). One train_on_batch call (old-logprob
-pass, one optimizer step over the whole batch, AdamW) is timed per repeat, after one
+rollouts do (80% of 2-12 tokens, 20% of 40-56). One train_on_batch call (one optimizer
+step over the whole batch, so no old-logprob pass of its own, AdamW) is timed per repeat, after one
 warm-up call; tokens/s counts real prompt + response tokens (no padding). Every process
 runs one torch thread, as trainer ranks do. The token budget is micro_batch_size x the
 longest row, so a token-budget micro-batch is never larger than the sample-count path's

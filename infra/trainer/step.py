@@ -18,7 +18,7 @@ from infra.trainer.losses import (
     token_logprobs,
 )
 from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
-from infra.trainer.offpolicy import PublishKL, prepare_old_policy
+from infra.trainer.offpolicy import OldPolicy, PublishKL, old_logprobs_from_first_step, prepare_old_policy
 from infra.trainer.parallelize import MicroBatches, micro_batches
 
 
@@ -103,18 +103,20 @@ def train_on_batch(
         )
     device = next(model.parameters()).device
     plan = plan_steps(samples, rank, world_size, global_batch_size, cfg, device)
+    old = OldPolicy(samples, cfg, device, tis=tis, rollout_id=rollout_id)
+    from_step = old_logprobs_from_first_step(cfg, plan)
     # the old-policy pass and the first step see the same weights: gathered once for both
     with micro_batches(model) as fsdp:
         with micro_batches(ref_model):
             metrics = prepare_old_policy(
-                model, ref_model, plan, samples, cfg, temperature, world_size,
-                tis=tis, rollout_id=rollout_id, values=values, publish_kl=publish_kl,
+                model, ref_model, plan, old, cfg, temperature, world_size,
+                old_pass=not from_step, values=values, publish_kl=publish_kl,
             )  # fmt: skip
         stats = _policy_steps(
-            model, optimizer, scheduler, plan, fsdp,
+            model, optimizer, scheduler, plan, fsdp, old if from_step else None,
             cfg=cfg, world_size=world_size, temperature=temperature, max_response_len=max_response_len,
         )  # fmt: skip
-    return {**metrics, **stats}
+    return {**old.metrics(world_size), **metrics, **stats}
 
 
 def _policy_steps(
@@ -123,13 +125,16 @@ def _policy_steps(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     plan: list,
     fsdp: MicroBatches,
+    old: OldPolicy | None,
     *,
     cfg: AlgorithmConfig,
     world_size: int,
     temperature: float,
     max_response_len: int,
 ) -> dict:
-    """ppo_epochs passes over the plan: one clipped policy-gradient step per planned step."""
+    """ppo_epochs passes over the plan: one clipped policy-gradient step per planned step.
+    With `old`, each micro-batch's old logprobs are recorded from its own forward, detached
+    (one step on the batch: `old_logprobs_from_first_step`)."""
     device = plan[0][0].mask.device
     mode, eps_high = cfg.agg_mode, cfg.eps_clip_high or cfg.eps_clip
     gspo = cfg.advantage_estimator == "gspo"
@@ -148,6 +153,8 @@ def _policy_steps(
             for i, mb in enumerate(step):
                 logits = logits_of(model, mb)
                 logp = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
+                if old is not None:
+                    old.record(mb, logp.detach())
                 pl = policy_loss(
                     logp, mb.old_logprobs, mb.advantages, mb.mask, cfg.eps_clip, eps_high,
                     None if gspo else cfg.clip_ratio_c, sequence_level=gspo,

@@ -1,5 +1,6 @@
 """train_on_batch in one process on the tiny model: the non-finite guard, TIS, staleness,
-ppo_epochs, KL in the reward and the refusal to checkpoint a non-finite state."""
+ppo_epochs, KL in the reward, the old logprobs of a one-step batch taken from the step's
+own forward, and the refusal to checkpoint a non-finite state."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from infra.config import AlgorithmConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.batch import Sample
+from infra.trainer import step as train_step
 from infra.trainer.guard import NonFiniteStateError, assert_finite_state
 from infra.trainer.step import train_on_batch
 
@@ -41,15 +43,22 @@ def _samples(n=8, version=0, seed=0) -> list[Sample]:
     return out
 
 
-def _train(model, samples, ref=None, **kw):
+def _train(model, samples, ref=None, gbs=4, **kw):
+    """micro-batches of 2 samples; `gbs` 4 (the default): two optimizer steps on 8 samples"""
     opts = {k: kw.pop(k) for k in ("tis", "rollout_id") if k in kw}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     cfg = AlgorithmConfig(micro_batch_size=2, **kw)
     return train_on_batch(
-        model, optimizer, scheduler, samples, rank=0, world_size=1, cfg=cfg, global_batch_size=4,
+        model, optimizer, scheduler, samples, rank=0, world_size=1, cfg=cfg, global_batch_size=gbs,
         temperature=1.0, ref_model=ref, max_response_len=4, **opts,
     )  # fmt: skip
+
+
+def _count_forwards(model) -> list:
+    calls: list = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    return calls
 
 
 def _params(model):
@@ -131,3 +140,46 @@ def test_kl_in_reward_penalises_the_reward(model_dir):
     # k1 summed over a sequence is sum(logp - ref): any sign; the penalty is reported and the loss
     # has no KL term (the "kl" metric is still measured)
     assert m["kl_reward_penalty"] != 0 and math.isfinite(m["loss"])
+
+
+def test_a_one_step_batch_has_no_old_policy_pass(model_dir):
+    one_step, two_steps = _model(model_dir), _model(model_dir)
+    forwards_one, forwards_two = _count_forwards(one_step), _count_forwards(two_steps)
+    _train(one_step, _samples(), gbs=8)  # 4 micro-batches, one optimizer step
+    _train(two_steps, _samples(), gbs=4)  # the same 4, two steps
+    # one step: each micro-batch's loss forward also gives its old logprobs; two steps: the
+    # second step's weights are not the old policy's, so a pass of their own runs first
+    assert len(forwards_one) == 4
+    assert len(forwards_two) == 8
+
+
+def test_old_logprobs_from_the_step_train_as_a_pass_of_their_own(model_dir, monkeypatch):
+    """Same weights after the step and the same metrics as with the old-policy pass, with
+    everything that reads the old logprobs on: TIS (some weights capped), fresh and stale
+    samples, and a KL loss against a reference model."""
+    samples = _samples(version=3)
+    for s in samples[4:]:
+        s.weight_version = 2
+    for s in samples[:2]:
+        s.engine_logprobs = [-10.0] * len(s.response_ids)
+    ref = _model(model_dir)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    opts = {"gbs": 8, "tis": True, "rollout_id": 3, "tis_cap": 1.5, "kl_coef": 0.5, "entropy_coef": 0.01}
+    from_step = _model(model_dir)
+    forwards = _count_forwards(from_step)
+    m_step = _train(from_step, samples, ref=ref, **opts)
+    assert len(forwards) == 4
+    monkeypatch.setattr(train_step, "old_logprobs_from_first_step", lambda cfg, plan: False)
+    with_pass = _model(model_dir)
+    forwards = _count_forwards(with_pass)
+    m_pass = _train(with_pass, samples, ref=ref, **opts)
+    assert len(forwards) == 8
+    assert m_step.keys() == m_pass.keys()
+    assert m_step["tis_capped_frac"] > 0 and m_step["train_engine_logprob_tokens_stale"] > 0
+    for key, value in m_pass.items():
+        assert m_step[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    after = _params(with_pass)
+    for name, p in _params(from_step).items():
+        torch.testing.assert_close(p, after[name], rtol=0, atol=1e-6)
