@@ -56,9 +56,10 @@ BENCHES: list[Bench] = [
     Bench("bench.demo_footprint"),
     # the baseline: the commit before the start-up work (it writes the same timeline)
     Bench("bench.startup", ["--baseline", "8079e422257f"]),
-    # the baseline: the commit before the task runs went to the run's control workers
-    # (Ray actors: a chain queues on one worker instead of going through the flow's process)
-    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "a0ef3b1"]),
+    # the baseline: the commit before a one-step batch took its old logprobs from the step's
+    # own forward (a no-grad pass of their own before every step); bench.task_run_chain
+    # keeps the comparison of the control workers with Ray tasks
+    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "97ae121"]),
     # the same with the run's storage on S3, against the commit before task results were
     # written without a lookup first (every task run's start paid an S3 round trip)
     Bench(

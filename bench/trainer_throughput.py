@@ -1,12 +1,13 @@
-"""Trainer tokens/s: 2 FSDP2 ranks against 1 process, and micro-batches by token budget
-against micro-batches by sample count, on the same batch, side by side in one run.
+"""Trainer tokens/s: 2 FSDP2 ranks against 1 process, micro-batches by token budget
+against micro-batches by sample count, and the old logprobs from the step's own forward
+against a no-grad pass of their own, on the same batch, side by side in one run.
 
     python -m bench.trainer_throughput [--samples 256 --micro-batch 16 --repeats 3]
 
 The batch: tiny demo model, prompts of 4-8 tokens, response lengths that vary as RL
 rollouts do (80% of 2-12 tokens, 20% of 40-56). One train_on_batch call (one optimizer
-step over the whole batch, so no old-logprob pass of its own, AdamW) is timed per repeat, after one
-warm-up call; tokens/s counts real prompt + response tokens (no padding). Every process
+step over the whole batch, AdamW; so the step's forward gives the old logprobs, except on
+the line that asks for their pass) is timed per repeat, after one warm-up call; tokens/s counts real prompt + response tokens (no padding). Every process
 runs one torch thread, as trainer ranks do. The token budget is micro_batch_size x the
 longest row, so a token-budget micro-batch is never larger than the sample-count path's
 largest one (same peak memory).
@@ -61,6 +62,7 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, re
         init_distributed(rank, world_size, ADDR, port)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gather = alg.pop("gather", "per_step")
+    old_pass = alg.pop("old_pass", None)
     model = parallelize(model, world_size, gather) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -71,7 +73,7 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, re
         t0 = time.perf_counter()
         train_on_batch(
             model, optimizer, scheduler, samples, rank=rank, world_size=world_size, cfg=cfg,
-            global_batch_size=len(samples), temperature=1.0, max_response_len=56,
+            global_batch_size=len(samples), temperature=1.0, max_response_len=56, old_pass=old_pass,
         )  # fmt: skip
         times.append(time.perf_counter() - t0)
     if rank == 0:
@@ -111,6 +113,9 @@ def main() -> None:
                 model_dir, 2, {**by_count, "gather": "per_micro_batch"}, args.repeats, tmp
             ),
             "2 ranks, by tokens": measure(model_dir, 2, dict(by_tokens), args.repeats, tmp),
+            "2 ranks, by count, old-logprob pass": measure(
+                model_dir, 2, {**by_count, "old_pass": True}, args.repeats, tmp
+            ),
         }
     print(
         f"tiny demo model; {args.samples} samples, {tokens} tokens (longest row {longest}); "
@@ -119,7 +124,7 @@ def main() -> None:
     rates = {name: [tokens / t for t in times] for name, times in runs.items()}
     for name, values in rates.items():
         print(f"{name:44s} tokens/s: {spread(values, '{:.0f}')}")
-    one, two, per_mb, packed = rates.values()
+    one, two, per_mb, packed, old_pass = rates.values()
     print(
         ratio_line(
             "trainer 2 FSDP2 ranks / 1 process, tokens/s",
@@ -138,6 +143,13 @@ def main() -> None:
         ratio_line(
             "trainer weights gathered once per step / per micro-batch (2 ranks), tokens/s",
             [b / a for a, b in zip(per_mb, two, strict=True)],
+            "none (diagnostic)",
+        )
+    )
+    print(
+        ratio_line(
+            "trainer old logprobs from the step's forward / from a pass of their own (2 ranks), tokens/s",
+            [b / a for a, b in zip(old_pass, two, strict=True)],
             "none (diagnostic)",
         )
     )

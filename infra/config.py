@@ -277,7 +277,9 @@ class AlgorithmConfig(_Section):
     global_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Samples per optimizer step; default: the whole rollout (one step per iteration).",
+        description="Samples per optimizer step; default: the whole rollout (one step per iteration). "
+        "With one step per iteration and ppo_epochs 1 (and no KL in the reward), the loss's forward also "
+        "gives the old logprobs; more steps add a no-grad forward of the rollout for them.",
     )
     micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
     micro_batch_tokens: int | None = Field(

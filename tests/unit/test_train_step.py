@@ -13,7 +13,6 @@ import torch
 from infra.config import AlgorithmConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.batch import Sample
-from infra.trainer import step as train_step
 from infra.trainer.guard import NonFiniteStateError, assert_finite_state
 from infra.trainer.step import train_on_batch
 
@@ -45,7 +44,7 @@ def _samples(n=8, version=0, seed=0) -> list[Sample]:
 
 def _train(model, samples, ref=None, gbs=4, **kw):
     """micro-batches of 2 samples; `gbs` 4 (the default): two optimizer steps on 8 samples"""
-    opts = {k: kw.pop(k) for k in ("tis", "rollout_id") if k in kw}
+    opts = {k: kw.pop(k) for k in ("tis", "rollout_id", "old_pass") if k in kw}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     cfg = AlgorithmConfig(micro_batch_size=2, **kw)
@@ -153,7 +152,7 @@ def test_a_one_step_batch_has_no_old_policy_pass(model_dir):
     assert len(forwards_two) == 8
 
 
-def test_old_logprobs_from_the_step_train_as_a_pass_of_their_own(model_dir, monkeypatch):
+def test_old_logprobs_from_the_step_train_as_a_pass_of_their_own(model_dir):
     """Same weights after the step and the same metrics as with the old-policy pass, with
     everything that reads the old logprobs on: TIS (some weights capped), fresh and stale
     samples, and a KL loss against a reference model."""
@@ -171,10 +170,9 @@ def test_old_logprobs_from_the_step_train_as_a_pass_of_their_own(model_dir, monk
     forwards = _count_forwards(from_step)
     m_step = _train(from_step, samples, ref=ref, **opts)
     assert len(forwards) == 4
-    monkeypatch.setattr(train_step, "old_logprobs_from_first_step", lambda cfg, plan: False)
     with_pass = _model(model_dir)
     forwards = _count_forwards(with_pass)
-    m_pass = _train(with_pass, samples, ref=ref, **opts)
+    m_pass = _train(with_pass, samples, ref=ref, old_pass=True, **opts)
     assert len(forwards) == 8
     assert m_step.keys() == m_pass.keys()
     assert m_step["tis_capped_frac"] > 0 and m_step["train_engine_logprob_tokens_stale"] > 0
