@@ -142,6 +142,13 @@ def main(argv: list[str]) -> int:
                 "this code's overhead <= 0.1 s",
             )
         )
+        print(
+            ratio_line(
+                f"loop iteration time, baseline / this code{on}",
+                [b["iteration_s"] / a["iteration_s"] for b, a in pairs],
+                "none (diagnostic)",
+            )
+        )
     return 0
 
 

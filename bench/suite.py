@@ -59,7 +59,8 @@ BENCHES: list[Bench] = [
     # the baseline: the commit before a one-step batch took its old logprobs from the step's
     # own forward (a no-grad pass of their own before every step); bench.task_run_chain
     # keeps the comparison of the control workers with Ray tasks
-    Bench("bench.loop_overhead", ["--iterations", "20", "--repeats", "3", "--baseline", "97ae121"]),
+    # (40 iterations x 4 pairs: with 20 x 3 the machine's drift hid the change of train time)
+    Bench("bench.loop_overhead", ["--iterations", "40", "--repeats", "4", "--baseline", "97ae121"]),
     # the same with the run's storage on S3, against the commit before task results were
     # written without a lookup first (every task run's start paid an S3 round trip)
     Bench(
