@@ -62,7 +62,7 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, re
         init_distributed(rank, world_size, ADDR, port)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gather = alg.pop("gather", "per_step")
-    old_pass = alg.pop("old_pass", None)
+    old_pass = alg.pop("old_pass", False)
     model = parallelize(model, world_size, gather) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)

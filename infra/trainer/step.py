@@ -86,13 +86,13 @@ def train_on_batch(
     rollout_id: int | None = None,
     values: list[list[float]] | None = None,
     publish_kl: PublishKL | None = None,
-    old_pass: bool | None = None,
+    old_pass: bool = False,
 ) -> dict:
     """Train on one rollout; every rank gets the same `samples` and returns the same metrics.
 
-    `old_pass`: whether the old logprobs get a no-grad pass of their own before the steps;
-    None leaves it to `old_logprobs_from_first_step` (True only makes sense to measure or
-    test what leaving the pass out changes: the result is the same).
+    `old_pass`: give the old logprobs a no-grad pass of their own before the steps even
+    where the step's forward could give them (`old_logprobs_from_first_step`); only to
+    measure or test what leaving the pass out changes (the result is the same).
 
     ppo: `values` (the critic's, per response token) replace the samples' scalar advantages
     by per-token GAE advantages; see `prepare_old_policy` for `publish_kl`.
@@ -109,7 +109,7 @@ def train_on_batch(
     device = next(model.parameters()).device
     plan = plan_steps(samples, rank, world_size, global_batch_size, cfg, device)
     old = OldPolicy(samples, cfg, device, tis=tis, rollout_id=rollout_id)
-    from_step = old_logprobs_from_first_step(cfg, plan) if old_pass is None else not old_pass
+    from_step = not old_pass and old_logprobs_from_first_step(cfg, plan)
     # the old-policy pass and the first step see the same weights: gathered once for both
     with micro_batches(model) as fsdp:
         with micro_batches(ref_model):
