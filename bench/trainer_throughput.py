@@ -7,10 +7,11 @@ against a no-grad pass of their own, on the same batch, side by side in one run.
 The batch: tiny demo model, prompts of 4-8 tokens, response lengths that vary as RL
 rollouts do (80% of 2-12 tokens, 20% of 40-56). One train_on_batch call (one optimizer
 step over the whole batch, AdamW; so the step's forward gives the old logprobs, except on
-the line that asks for their pass) is timed per repeat, after one warm-up call; tokens/s counts real prompt + response tokens (no padding). Every process
-runs one torch thread, as trainer ranks do. The token budget is micro_batch_size x the
-longest row, so a token-budget micro-batch is never larger than the sample-count path's
-largest one (same peak memory).
+the line that asks for their pass) is timed per repeat, after one warm-up call; tokens/s
+counts real prompt + response tokens (no padding). Every process runs one torch thread,
+as trainer ranks do. The token budget is micro_batch_size x the longest row, so a
+token-budget micro-batch is never larger than the sample-count path's largest one (same
+peak memory).
 """
 
 from __future__ import annotations
