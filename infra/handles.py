@@ -17,6 +17,7 @@ from infra.storage.fs import RunStore, storage_options
 from infra.storage.metrics import append_metrics, truncate_metrics
 from infra.storage.run_folder import resume_point
 from infra.tracking import Trackers
+from infra.trainer.batch_inbox import FromManager
 from infra.trainer.rank_calls import get_ranks
 from infra.weights.transport import WeightTransport
 
@@ -50,6 +51,7 @@ class RunHandles:
     def generate(self, rollout_id: int) -> dict:
         started = time.time()  # on the task's worker: when this generate really began
         summary = ray.get(self.manager.generate.remote(rollout_id))
+        self._stage(rollout_id)
         return {**summary, "time_generate_started_unix": started, "time_generate_ended_unix": time.time()}
 
     def record_startup(self, first_rollout: dict) -> dict[str, float]:
@@ -66,14 +68,14 @@ class RunHandles:
         return report["seconds_since_process_start"]
 
     def train(self, rollout_id: int) -> dict:
-        # The batch goes manager -> object store -> every rank; the ref never leaves Ray.
-        batch_ref = self._batch_ref(rollout_id)
+        # the ranks have the batch staged (see _stage), or fetch it from the manager
+        batch = FromManager(self.manager)
         values, mailbox = None, None
         if self.critics:  # ppo: the critic's values arrive through the manager, as Ray resolves the ref
             values = self.manager.wait_post.remote(rollout_id, "values")
             mailbox = self.manager if self.cfg.algorithm.kl_in_reward else None
         results = get_ranks(
-            [t.train.remote(rollout_id, batch_ref, values, mailbox) for t in self.trainers],
+            [t.train.remote(rollout_id, batch, values, mailbox) for t in self.trainers],
             f"train {rollout_id}",
         )
         self.manager.release.remote(rollout_id, "actor")
@@ -98,23 +100,29 @@ class RunHandles:
         iteration (in critic-only iterations the actor is still the reference: KL 0).
         """
         t0 = time.monotonic()
-        batch_ref = self._batch_ref(rollout_id)
-        refs = [c.compute_values.remote(rollout_id, batch_ref) for c in self.critics]
+        batch = FromManager(self.manager)
+        refs = [c.compute_values.remote(rollout_id, batch) for c in self.critics]
         posted = self.manager.post.remote(rollout_id, "values", refs[0])  # critic rank 0 -> manager
         get_ranks(refs, f"critic values {rollout_id}")
         kl = None
         if self.cfg.algorithm.kl_in_reward and rollout_id >= self.cfg.num_critic_only_steps:
             kl = self.manager.wait_post.remote(rollout_id, "kl")
         results = get_ranks(
-            [c.train.remote(rollout_id, batch_ref, kl) for c in self.critics], f"critic {rollout_id}"
+            [c.train.remote(rollout_id, batch, kl) for c in self.critics], f"critic {rollout_id}"
         )
         ray.get(posted)
         self.manager.release.remote(rollout_id, "critic")
         return {**results[0], "time_train_critic_s": time.monotonic() - t0}
 
-    def _batch_ref(self, rollout_id: int) -> ray.ObjectRef:
-        # the manager put the batch in the object store when it made it (infra/rollout/manager.py)
-        return ray.get(self.manager.batch_ref.remote(rollout_id))
+    def _stage(self, rollout_id: int) -> None:
+        """Send batch `rollout_id` to every rank now: each unpickles it in a thread beside
+        training, so the train call that follows the weight sync finds it ready
+        (infra/trainer/batch_inbox.py). Not waited for: a rank without it fetches it."""
+        # the manager put the batch in the object store when it made it (infra/rollout/manager.py);
+        # the ref goes to the ranks in a list, so Ray does not unpickle it before the call
+        ref = ray.get(self.manager.batch_ref.remote(rollout_id))
+        for rank in (*self.trainers, *self.critics):
+            rank.stage_batch.remote(rollout_id, [ref])
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""

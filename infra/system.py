@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 CONTROL_WORKERS = 2
 
 
+def actor_class(cls: type) -> ray.actor.ActorClass:
+    """`cls` as a Ray actor class, with the concurrency groups it declares: threads of its
+    own beside the main one (a trainer rank stages batches and restores engines there)."""
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)
+    return ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
+
+
 class RLSystem:
     def __init__(
         self,
@@ -159,8 +166,7 @@ class RLSystem:
 
     def _place(self, cls: type, layout: PlacementLayout, role: str, args: Callable[[int], tuple]) -> list:
         """One actor per slot of the role (its own bundle, or a trainer bundle when colocated)."""
-        # a trainer rank restores a restarted engine's weights in its own thread, beside training
-        remote = ray.remote(concurrency_groups={"restore": 1})(cls) if cls is TrainerRank else ray.remote(cls)
+        remote = actor_class(cls)
         slots = layout.slots[role]
         return [
             remote.options(**slot_options(self.groups, self.order, s)).remote(*args(i))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
+from infra.trainer.batch_inbox import FromManager
 from infra.trainer.fsdp_rank import FSDPRank
 
 if TYPE_CHECKING:
@@ -57,21 +58,27 @@ class CriticRank(FSDPRank):
         model.train()
         return parallelize(model, self.world_size, self.cfg.cluster.fsdp_gather)
 
-    def compute_values(self, rollout_id: int, batch: RolloutBatch) -> list[list[float]]:
-        """The values of the rollout's response tokens; kept for `train`, returned by rank 0."""
+    def compute_values(self, rollout_id: int, batch: RolloutBatch | FromManager) -> list[list[float]]:
+        """The values of the rollout's response tokens; kept for `train`, returned by rank 0.
+        `batch`: as in TrainerRank.train (staged, or fetched from the manager)."""
         from infra.trainer.critic_step import compute_values
         from infra.trainer.ppo_targets import as_lists
+
+        batch = self.inbox.take(rollout_id, batch)
 
         values = compute_values(self.model, batch.samples, self.cfg, self.rank, self.world_size)
         self._values = (rollout_id, values)
         return as_lists(values, batch.samples) if self.rank == 0 else []
 
-    def train(self, rollout_id: int, batch: RolloutBatch, kl: list[list[float]] | None = None) -> dict:
+    def train(
+        self, rollout_id: int, batch: RolloutBatch | FromManager, kl: list[list[float]] | None = None
+    ) -> dict:
         """Fit the returns of GAE over this rollout's values; `kl`: the actor's per-token KL
         when it is in the reward (the actor computes it; the returns then match its advantages)."""
         from infra.trainer.critic_step import train_critic_on_batch
         from infra.trainer.ppo_targets import from_lists, ppo_targets
 
+        batch = self.inbox.take(rollout_id, batch)  # compute_values left it in the inbox
         start = time.perf_counter()
         if self._values is None or self._values[0] != rollout_id:
             raise RuntimeError(f"critic train {rollout_id}: compute_values of that rollout must come first")

@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 from contextlib import suppress
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
+
+import ray
 
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
+from infra.trainer.batch_inbox import BatchInbox
 from infra.trainer.lr_schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -29,12 +32,32 @@ class FSDPRank:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: LambdaLR
+    # Ray concurrency groups (threads beside the main one, which trains): the driver declares
+    # them when it wraps the class with `ray.remote` (infra/system.py)
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"stage": 1}
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         # a local cluster stays on loopback; on a real cluster peers dial this node's IP
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
         self._writing: BackgroundSave | None = None  # a checkpoint still being written
+        self.inbox = BatchInbox()  # rollouts staged ahead of the calls that train on them
+
+    @ray.method(concurrency_group="stage")
+    def stage_batch(self, rollout_id: int, batch: list[ray.ObjectRef]) -> None:
+        """Receive batch `rollout_id` while the main thread trains on the previous one
+        (infra/trainer/batch_inbox.py). The ref comes in a list, so Ray leaves it to this
+        method: the inbox knows the batch is on its way before it is unpickled."""
+        self.inbox.announce(rollout_id)
+        staged = None
+        try:
+            staged = ray.get(batch[0])
+        finally:  # a failed stage leaves the batch to be fetched by the call that needs it
+            self.inbox.put(rollout_id, staged)
+
+    @ray.method(concurrency_group="stage")  # answers while the rank trains
+    def inbox_state(self) -> dict:
+        return self.inbox.state()
 
     def master_address(self) -> tuple[str, int]:
         return self._address, free_port(self._address)

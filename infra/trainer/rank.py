@@ -11,7 +11,7 @@ import json
 import os
 import time
 from contextlib import nullcontext, suppress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import ray
 
@@ -20,6 +20,7 @@ from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
+from infra.trainer.batch_inbox import FromManager
 from infra.trainer.fsdp_rank import FSDPRank
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ def _full(param: torch.Tensor) -> torch.Tensor:
 
 
 class TrainerRank(FSDPRank):
+    # "restore": an engine restarted mid-run gets its weights from a thread beside training
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {**FSDPRank.CONCURRENCY_GROUPS, "restore": 1}
+
     def __init__(self, cfg: RunConfig, rank: int, world_size: int) -> None:
         super().__init__(cfg, rank, world_size)
         self._links: list[EngineLink] = []
@@ -81,14 +85,17 @@ class TrainerRank(FSDPRank):
     def train(
         self,
         rollout_id: int,
-        batch: RolloutBatch,
+        batch: RolloutBatch | FromManager,
         values: list[list[float]] | None = None,
         mailbox: ray.actor.ActorHandle | None = None,
     ) -> dict:
-        """One training call. ppo: `values` are the critic's; with `mailbox` (the rollout
-        manager), rank 0 posts the per-token KL there for the critic's returns."""
+        """One training call on `batch`, or on the batch staged for `rollout_id` (fetched
+        from the manager if none was). ppo: `values` are the critic's; with `mailbox` (the
+        rollout manager), rank 0 posts the per-token KL there for the critic's returns."""
         from infra.trainer.step import train_on_batch
 
+        received = time.perf_counter()
+        batch = self.inbox.take(rollout_id, batch)  # before the clock: receiving is not training
         start = time.perf_counter()
         publish_kl = None
         if mailbox is not None and self.rank == 0:
@@ -118,6 +125,8 @@ class TrainerRank(FSDPRank):
             **metrics,
             "rollout_id": rollout_id,
             "time_train_s": time.perf_counter() - start,
+            # ~0 when the batch was staged in time; else the wait for it or its fetch
+            "time_batch_wait_s": start - received,
             # a background checkpoint write awaits its commit (RunHandles.train asks only then)
             "checkpoint_writing": self._writing is not None,
         }

@@ -47,15 +47,15 @@ def _modules_after_unpickling(handles: list) -> dict:
 
 
 def test_a_worker_given_rank_handles_does_not_import_torch():
+    from infra.system import actor_class
     from infra.trainer.critic_rank import CriticRank
     from infra.trainer.rank import TrainerRank
 
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": {"TEST_RUN": uuid.uuid4().hex}})
     try:
         cfg = RunConfig()  # the constructors only store it: no setup, no process group
-        # as RLSystem builds them (the trainer's restore thread is a concurrency group)
-        trainer = ray.remote(concurrency_groups={"restore": 1})(TrainerRank)
-        actors = [cls.options(num_cpus=0).remote(cfg, 0, 2) for cls in (trainer, ray.remote(CriticRank))]
+        # as RLSystem builds them (with their concurrency groups)
+        actors = [actor_class(cls).options(num_cpus=0).remote(cfg, 0, 2) for cls in (TrainerRank, CriticRank)]
         ray.get([a.pid.remote() for a in actors])  # both alive
         seen = ray.get(_modules_after_unpickling.remote(actors))
         assert seen == {"torch": False, "infra.trainer.rank": True, "infra.trainer.critic_rank": True}
