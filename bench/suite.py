@@ -56,11 +56,11 @@ BENCHES: list[Bench] = [
     Bench("bench.demo_footprint"),
     # the baseline: the commit before the start-up work (it writes the same timeline)
     Bench("bench.startup", ["--baseline", "8079e422257f"]),
-    # the baseline: the commit before a one-step batch took its old logprobs from the step's
-    # own forward (a no-grad pass of their own before every step); bench.task_run_chain
-    # keeps the comparison of the control workers with Ray tasks
-    # (40 iterations x 4 pairs: with 20 x 3 the machine's drift hid the change of train time)
-    Bench("bench.loop_overhead", ["--iterations", "40", "--repeats", "4", "--baseline", "97ae121"]),
+    # the baseline: the commit before a rollout was staged on the trainer ranks when made
+    # (the train call after the sync carried it, and each rank unpickled it then);
+    # bench.task_run_chain keeps the comparison of the control workers with Ray tasks
+    # (40 iterations x 4 pairs: with 20 x 3 the machine's drift hides changes of this size)
+    Bench("bench.loop_overhead", ["--iterations", "40", "--repeats", "4", "--baseline", "13d1c0d"]),
     # the same with the run's storage on S3, against the commit before task results were
     # written without a lookup first (every task run's start paid an S3 round trip)
     Bench(
