@@ -50,6 +50,7 @@ BENCHES: list[Bench] = [
     Bench("bench.engine_throughput"),
     Bench("bench.weight_sync"),
     Bench("bench.trainer_throughput"),
+    Bench("bench.batch_staging"),
     Bench("bench.trl_compare", needs="trl"),
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),

@@ -22,7 +22,9 @@ import ray
 from infra.rollout.batch import RolloutBatch
 
 # Batches a rank holds: the one it trains on and the one generated ahead (one-step off-policy).
-# Older ones (a rollout the rank sat out, e.g. the actor in critic-only iterations) are dropped.
+# The oldest goes when another arrives, in the thread that stages it: freeing a batch of
+# long responses (millions of token ints) takes tens of ms, which `take`, on the critical
+# path, would pay.
 KEEP = 2
 
 
@@ -69,13 +71,10 @@ class BatchInbox:
     def take(self, rollout_id: int, source: RolloutBatch | FromManager, wait_s: float = 60.0) -> RolloutBatch:
         """Batch `rollout_id`: `source` itself when it is one (a direct call, a test), else
         the staged batch (waiting for one on its way) or one fetched from `source`. Kept for
-        the rank's next call on the same rollout (the critic's values, then its step);
-        batches of earlier rollouts are dropped."""
+        the rank's next call on the same rollout (the critic's values, then its step)."""
         if isinstance(source, RolloutBatch):
             return source
         with self._lock:
-            for old in [k for k in self._batches if k < rollout_id]:
-                del self._batches[old]
             arriving = self._incoming.get(rollout_id)
         if arriving is not None:
             arriving.wait(wait_s)

@@ -69,13 +69,15 @@ def test_a_failed_stage_leaves_the_batch_to_the_fetch():
     assert inbox.take(2, source).rollout_id == 2 and source.fetched == [2]
 
 
-def test_earlier_rollouts_are_dropped_and_at_most_two_are_held():
+def test_at_most_two_batches_are_held_the_oldest_goes_when_one_arrives():
     inbox, source = BatchInbox(), _Source()
     for k in (0, 1, 2):  # rollout 0 was never taken (a rank that sat it out)
         inbox.put(k, _batch(k))
     assert inbox.state()["held"] == [1, 2]
-    inbox.take(2, source)
-    assert inbox.state()["held"] == [2] and source.fetched == []
+    inbox.take(2, source)  # taking frees nothing: that is left to the staging thread
+    assert inbox.state()["held"] == [1, 2] and source.fetched == []
+    inbox.take(3, source)  # a fetched batch is kept like a staged one
+    assert inbox.state()["held"] == [2, 3] and source.fetched == [3]
 
 
 class _BusyRank(FSDPRank):
