@@ -65,7 +65,6 @@ class CriticRank(FSDPRank):
         from infra.trainer.ppo_targets import as_lists
 
         batch = self.inbox.take(rollout_id, batch)
-
         values = compute_values(self.model, batch.samples, self.cfg, self.rank, self.world_size)
         self._values = (rollout_id, values)
         return as_lists(values, batch.samples) if self.rank == 0 else []
