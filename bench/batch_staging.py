@@ -65,7 +65,7 @@ class _Holder:
                         engine_logprobs=[-rng.random() for _ in range(response)],
                         weight_version=rollout_id,
                         group=i // 16,
-                    )  # fmt: skip
+                    )
                     for i in range(samples)
                 ],
             )
@@ -84,7 +84,7 @@ def _carried(rank, holder, k: int) -> float:
 def _staged(rank, holder, k: int) -> float:
     previous = rank.train.remote(k - 1, FromManager(holder), STEP_S)  # the step the batch arrives beside
     time.sleep(0.2)
-    rank.stage_batch.remote(k, [ray.get(holder.batch_ref.remote(k))])
+    rank.stage_batch.remote(k, FromManager(holder))
     ray.get(previous)
     sent = time.time()
     return ray.get(rank.train.remote(k, FromManager(holder))) - sent

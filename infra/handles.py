@@ -115,14 +115,12 @@ class RunHandles:
         return {**results[0], "time_train_critic_s": time.monotonic() - t0}
 
     def _stage(self, rollout_id: int) -> None:
-        """Send batch `rollout_id` to every rank now: each unpickles it in a thread beside
-        training, so the train call that follows the weight sync finds it ready
-        (infra/trainer/batch_inbox.py). Not waited for: a rank without it fetches it."""
-        # the manager put the batch in the object store when it made it (infra/rollout/manager.py);
-        # the ref goes to the ranks in a list, so Ray does not unpickle it before the call
-        ref = ray.get(self.manager.batch_ref.remote(rollout_id))
+        """Have every rank fetch batch `rollout_id` now, in a thread beside training, so the
+        train call that follows the weight sync finds it ready (infra/trainer/batch_inbox.py).
+        Not waited for: a rank without it fetches it in the train call."""
+        source = FromManager(self.manager)
         for rank in (*self.trainers, *self.critics):
-            rank.stage_batch.remote(rollout_id, [ref])
+            rank.stage_batch.remote(rollout_id, source)
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""

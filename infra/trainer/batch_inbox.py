@@ -3,9 +3,10 @@
 A batch travels to a rank as a Ray object: the rank unpickles it (every sample, every token
 list) before its method can run. Passed with the `train` call, that happens on the loop's
 critical path, after the weight sync. Staged instead as soon as the rollout is made (the
-`generate` task sends it), a rank unpickles it in a thread of its own while it still trains
-on the previous batch, and `train` finds it ready (`bench.batch_staging` times the call
-both ways). On cores that are all busy the unpickling still competes with training.
+`generate` task asks each rank to), a rank fetches and unpickles it in a thread of its own
+while it still trains on the previous batch, and `train` finds it ready (`bench.batch_staging`
+times the call both ways). On cores that are all busy the unpickling still competes with
+training.
 
 A batch that was not staged (a resumed run's first batch, a stage still on its way, a
 lost stage call) is fetched from the rollout manager, as before: staging only saves time.

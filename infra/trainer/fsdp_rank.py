@@ -18,7 +18,7 @@ import ray
 
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
-from infra.trainer.batch_inbox import BatchInbox
+from infra.trainer.batch_inbox import BatchInbox, FromManager
 from infra.trainer.lr_schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -44,14 +44,13 @@ class FSDPRank:
         self.inbox = BatchInbox()  # rollouts staged ahead of the calls that train on them
 
     @ray.method(concurrency_group="stage")
-    def stage_batch(self, rollout_id: int, batch: list[ray.ObjectRef]) -> None:
-        """Receive batch `rollout_id` while the main thread trains on the previous one
-        (infra/trainer/batch_inbox.py). The ref comes in a list, so Ray leaves it to this
-        method: the inbox knows the batch is on its way before it is unpickled."""
+    def stage_batch(self, rollout_id: int, source: FromManager) -> None:
+        """Fetch batch `rollout_id` from `source` while the main thread trains on the
+        previous one (infra/trainer/batch_inbox.py); the inbox knows it is on its way first."""
         self.inbox.announce(rollout_id)
         staged = None
         try:
-            staged = ray.get(batch[0])
+            staged = source.fetch(rollout_id)
         finally:  # a failed stage leaves the batch to be fetched by the call that needs it
             self.inbox.put(rollout_id, staged)
 

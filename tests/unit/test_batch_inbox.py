@@ -12,7 +12,7 @@ from infra.cluster.ray_cluster import runtime_env
 from infra.config import RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.system import actor_class
-from infra.trainer.batch_inbox import BatchInbox
+from infra.trainer.batch_inbox import BatchInbox, FromManager
 from infra.trainer.fsdp_rank import FSDPRank
 
 
@@ -80,6 +80,19 @@ def test_at_most_two_batches_are_held_the_oldest_goes_when_one_arrives():
     assert inbox.state()["held"] == [2, 3] and source.fetched == [3]
 
 
+class _Holder:
+    """Holds batches in the object store and answers with their refs, as the manager does."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, ray.ObjectRef] = {}
+
+    def make(self, rollout_id: int) -> None:
+        self.refs[rollout_id] = ray.put(_batch(rollout_id))
+
+    def batch_ref(self, rollout_id: int) -> ray.ObjectRef:
+        return self.refs[rollout_id]
+
+
 class _BusyRank(FSDPRank):
     """An FSDP rank's batch staging without a model: `train` stands for a long step."""
 
@@ -99,10 +112,11 @@ def test_a_rank_receives_a_batch_while_its_main_thread_trains(local_ray):
     """The batch arrives in the rank's stage thread during a step: the step, still running
     when it was sent, already holds it when it ends."""
     rank = actor_class(_BusyRank).options(num_cpus=0).remote(RunConfig(), 0, 1)  # as RLSystem does
-    ray.get(rank.pid.remote())
+    holder = ray.remote(_Holder).options(num_cpus=0).remote()
+    ray.get([rank.pid.remote(), holder.make.remote(4)])  # both up before the step
     step = rank.train.remote(2.0)
     time.sleep(0.3)  # the step has begun
-    staged = rank.stage_batch.remote(4, [ray.put(_batch(4))])
+    staged = rank.stage_batch.remote(4, FromManager(holder))
     ray.get(staged, timeout=1.5)  # returns while the step still sleeps
     assert ray.get(step) == [4]
     assert ray.get(rank.inbox_state.remote()) == {"held": [4], "staged": 0, "fetched": 0}
