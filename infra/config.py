@@ -127,7 +127,10 @@ class SamplingConfig(_Section):
 
 class RolloutConfig(_Section):
     engine: Literal["torch", "sglang"] = Field(
-        "torch", description="`torch`: the built-in CPU/GPU server. `sglang`: SGLang servers (GPU only)."
+        "torch",
+        description="`torch`: the built-in CPU/GPU server. `sglang`: SGLang servers; on GPUs, or on CPUs "
+        "with `cluster.engines.gpus_per_worker: 0` (SGLang's torch-native CPU path, for small models and "
+        "tests: `configs/sglang-cpu.yaml`).",
     )
     tp_size: int = Field(
         1,
@@ -172,8 +175,14 @@ class RolloutConfig(_Section):
     sglang_python: str = Field(
         "",
         description="Python interpreter that runs `sglang.launch_server` (engine=sglang only), e.g. a "
-        "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: this "
-        "process's interpreter.",
+        "separate venv's `bin/python` when SGLang's pins clash with the trainer's torch. Empty: the one "
+        "`make sglang-venv` builds (`.venv-sglang/bin/python` in the repository) where it exists, else "
+        "this process's interpreter.",
+    )
+    sglang_sleep_on_idle: bool | None = Field(
+        None,
+        description="SGLang `--sleep-on-idle`: an idle scheduler sleeps instead of polling (engine=sglang "
+        "only). Empty: on for CPU engines (a polling scheduler holds ~0.6 of a core), off on GPUs.",
     )
     generate_fn: str | None = Field(
         None,
@@ -645,20 +654,21 @@ class RunConfig(_Section):
             raise ValueError("rollout.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
         if self.num_critic_only_steps >= self.num_rollout:
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
-        if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker <= 0:
-            raise ValueError("rollout.engine=sglang needs cluster.engines.gpus_per_worker >= 1")
         tp = self.rollout.tp_size
         if self.rollout.engine == "torch" and tp != 1:
             raise ValueError(
                 f"rollout.tp_size={tp}: the built-in torch engine has no tensor parallelism; use 1"
             )
-        if self.rollout.engine == "sglang" and self.cluster.engines.gpus_per_worker != tp:
+        gpus = self.cluster.engines.gpus_per_worker
+        if self.rollout.engine == "sglang" and gpus and gpus != tp:
             raise ValueError(
                 f"cluster.engines.gpus_per_worker={self.cluster.engines.gpus_per_worker} must equal "
                 f"rollout.tp_size={tp}: one engine process spans its tensor-parallel GPUs"
             )
-        if self.rollout.sglang_python and self.rollout.engine != "sglang":
-            raise ValueError("rollout.sglang_python applies to rollout.engine=sglang only")
+        if self.rollout.engine != "sglang":
+            for name in ("sglang_python", "sglang_sleep_on_idle"):
+                if getattr(self.rollout, name) not in ("", None):
+                    raise ValueError(f"rollout.{name} applies to rollout.engine=sglang only")
         if self.cluster.colocate:
             self._check_colocation()
         return self

@@ -9,6 +9,21 @@ from typing import Literal
 SampleStatus = Literal["completed", "truncated", "failed", "aborted"]
 
 
+def weight_version_of(reported: object) -> int:
+    """The integer weight version an engine reported for a sample.
+
+    Engines are launched at version 0 and every sync sets the trainer's version; a value
+    that is not an integer (SGLang's own initial "default", say) means an engine that was
+    not started or synced by this run: say so, rather than fail on int()."""
+    try:
+        return int(reported)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"engine reported weight_version {reported!r}, not a version of this run: an engine "
+            "must be launched with --weight-version 0 (as the run launches them) and synced by it"
+        ) from None
+
+
 @dataclass
 class Sample:
     prompt: str

@@ -9,11 +9,13 @@ client (~45 ms each, measured), which was most of a weight sync's time on the ti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import ssl
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -205,6 +207,24 @@ class EngineClient:
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+
+
+# How a weight update pauses an engine: running requests go back to the waiting queue and are
+# recomputed after /continue_generation, so none is lost. SGLang's update routes take the
+# model's writer lock unless the engine is paused, and running generations hold reader
+# locks: an update issued during a long generation would wait for all of it ("abort"
+# would lose the samples; "in_place" keeps the KV cache, so the update's flush fails).
+PAUSE_MODE = "retract"
+
+
+@contextlib.contextmanager
+def paused(client: EngineClient) -> Iterator[None]:
+    """Generation paused on this engine for the duration (resumed even on failure)."""
+    client.pause_generation(PAUSE_MODE)
+    try:
+        yield
+    finally:
+        client.continue_generation()
 
 
 def _timings(header: str | None) -> dict[str, float]:

@@ -6,19 +6,26 @@ outlives the actor or test that started it, even when that one is SIGKILLed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from infra.rollout.client import EngineClient, EngineError
+from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
 
 _PR_SET_PDEATHSIG = 1
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+SGLANG_VENV_PYTHON = ".venv-sglang/bin/python"  # what `make sglang-venv` builds
 # A server answers /health within a poll of being up: the run waits on this for its engines.
 HEALTH_POLL_S = 0.05
 
@@ -27,6 +34,7 @@ class EngineProcess(subprocess.Popen):
     """A launched server; remembers its log so failures can quote it."""
 
     log_path: str | None = None
+    config_dir: str | None = None  # the private config file's folder, until the server is up
 
 
 def _die_with_parent() -> None:
@@ -34,6 +42,34 @@ def _die_with_parent() -> None:
     # exits: launch from a thread that lives as long as the engine should (the main one).
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class SGLangLaunch:
+    """How an SGLang server is started, beyond the model and address.
+
+    `cpu`: SGLang's CPU path (torch-native attention, no CUDA graphs, no overlap schedule):
+    what runs on machines without a GPU, and in this project's tests. `colocate`: the engine
+    shares its GPU with a trainer rank, so it must be able to free its memory
+    (`--enable-memory-saver`, CUDA only) and get its weights back afterwards
+    (`--enable-weights-cpu-backup`). `sleep_on_idle`: the idle scheduler sleeps instead of
+    polling (on CPU it would hold ~0.6 of a core; None: on for CPU, off on GPUs).
+    """
+
+    python: str = ""
+    tp_size: int = 1
+    cpu: bool = False
+    colocate: bool = False
+    sleep_on_idle: bool | None = None
+
+
+def sglang_interpreter(configured: str) -> str:
+    """`rollout.sglang_python`, resolved: empty means the interpreter `make sglang-venv`
+    builds in this repository where it exists, else this process's interpreter."""
+    if configured:
+        return configured
+    venv = Path(_REPO_ROOT) / SGLANG_VENV_PYTHON
+    return str(venv) if venv.exists() else sys.executable
 
 
 def engine_command(
@@ -46,9 +82,14 @@ def engine_command(
     extra_args: dict,
     python: str = "",
     tp_size: int = 1,
+    *,
+    sglang: SGLangLaunch | None = None,
+    config_file: str | None = None,
 ) -> list[str]:
     """The server's command line. `python` runs SGLang (default: this interpreter), so SGLang
-    can live in its own environment when its torch pin differs from the trainer's."""
+    can live in its own environment when its torch pin differs from the trainer's.
+    `config_file`: an SGLang YAML config with what must not appear on a command line
+    (the API key)."""
     common = ["--model-path", model_path, "--host", host, "--port", str(port)]
     if kind == "torch":
         return [
@@ -62,27 +103,61 @@ def engine_command(
             str(threads),
         ]
     if kind == "sglang":
-        # GPU only: SGLang needs CUDA and cannot run on the CPU machines this is tested on.
-        flags: list[str] = []
-        for key, value in extra_args.items():
-            flag = f"--{key.replace('_', '-')}"
-            if value is True:
-                flags.append(flag)
-            elif value is not False:
-                flags += [flag, str(value)]
-        interpreter = python or sys.executable
-        parallel = ["--tp-size", str(tp_size)] if tp_size != 1 else []
-        return [
-            interpreter,
-            "-m",
-            "sglang.launch_server",
-            *common,
-            "--random-seed",
-            str(seed),
-            *parallel,
-            *flags,
-        ]
+        launch = sglang or SGLangLaunch(python=python, tp_size=tp_size)
+        interpreter = launch.python or python or sys.executable
+        tp = launch.tp_size if sglang is not None else tp_size
+        # the built-in server's first version too: a sample's version is always an integer
+        flags = ["--random-seed", str(seed), "--weight-version", "0"]
+        # the run waits for /health itself, and its first weight sync exercises the model
+        flags.append("--skip-server-warmup")
+        if tp != 1:
+            flags += ["--tp-size", str(tp)]
+        if launch.cpu:
+            flags += [
+                "--device",
+                "cpu",
+                "--attention-backend",
+                "torch_native",
+                "--disable-cuda-graph",
+                "--disable-overlap-schedule",
+            ]
+        if launch.colocate and not launch.cpu:
+            # CUDA only: the memory saver pages GPU memory out through torch_memory_saver
+            flags += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+        if launch.cpu if launch.sleep_on_idle is None else launch.sleep_on_idle:
+            flags.append("--sleep-on-idle")
+        if config_file:
+            flags += ["--config", config_file]
+        return [interpreter, "-m", "sglang.launch_server", *common, *flags, *_cli_flags(extra_args)]
     raise ValueError(f"rollout.engine: unknown engine kind {kind!r} (torch or sglang)")
+
+
+def _cli_flags(extra_args: dict) -> list[str]:
+    """`{"mem_fraction_static": 0.1, "enable_x": True}` as SGLang's command-line flags."""
+    flags: list[str] = []
+    for key, value in extra_args.items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def sglang_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
+    """The environment of an SGLang server: no engine key (it goes in a config file), a
+    `/health` that answers from the HTTP process, and SGLang's CPU engine where asked.
+
+    SGLang's own `/health` runs a one-token generation and waits >= 1 s for it (up to 20 s
+    under load): as a liveness probe, polled every second, it would itself load the server
+    and time out on a busy one. Answered by the HTTP process, it says the server is up;
+    a scheduler stuck in a forward pass is SGLang's watchdog's to kill (`--watchdog-timeout`),
+    after which /health is refused and the run restarts the engine."""
+    env = {k: v for k, v in env.items() if k != API_KEY_ENV}
+    env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "false"
+    if cpu:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    return env
 
 
 def launch_engine(
@@ -97,32 +172,91 @@ def launch_engine(
     log_path: str | None = None,
     python: str = "",
     tp_size: int = 1,
+    sglang: SGLangLaunch | None = None,
 ) -> EngineProcess:
-    """Start an engine server; its stdout and stderr go to `log_path` (or are discarded)."""
-    cmd = engine_command(kind, model_path, host, port, seed, threads, extra_args or {}, python, tp_size)
+    """Start an engine server; its stdout and stderr go to `log_path` (or are discarded).
+
+    The run's engine API key (env PRL_ENGINE_API_KEY) reaches the built-in server through
+    its environment and SGLang through a private config file (mode 0600, deleted once the
+    server is up): never a command line, which `ps` shows. SGLang prints its arguments at
+    start, so its output passes through a filter that redacts the key before the log."""
+    key = os.environ.get(API_KEY_ENV) or None
+    config_dir = None
+    config_file = None
+    if kind == "sglang" and key:
+        config_dir = tempfile.mkdtemp(prefix="prl-sglang-")  # 0700: this user only
+        config_file = os.path.join(config_dir, "secrets.yaml")
+        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+    cmd = engine_command(
+        kind,
+        model_path,
+        host,
+        port,
+        seed,
+        threads,
+        extra_args or {},
+        python,
+        tp_size,
+        sglang=sglang,
+        config_file=config_file,
+    )
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     # the built-in server is a module of this repository, wherever the caller runs from
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
-    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+    if kind == "sglang":
+        env = sglang_env(env, cpu=bool(sglang and sglang.cpu))
+    redact = key if kind == "sglang" else None
+    out = subprocess.PIPE if redact else _log_file(log_path)
     try:
         proc = EngineProcess(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
             start_new_session=False,
         )
     finally:
-        if log_path:
-            log.close()
+        if log_path and not redact:
+            out.close()
     proc.log_path = log_path
+    proc.config_dir = config_dir
+    if redact:
+        threading.Thread(
+            target=_copy_redacted, args=(proc.stdout, log_path, redact), daemon=True, name="engine-log"
+        ).start()
     return proc
+
+
+def _log_file(log_path: str | None):
+    return open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+
+
+def _copy_redacted(stream, log_path: str | None, secret: str) -> None:
+    """The server's output, line by line, into its log with `secret` replaced (to EOF)."""
+    needle, mask = secret.encode(), b"<redacted>"
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "ab", buffering=0)) if log_path else None
+        for line in iter(stream.readline, b""):
+            if log is not None:
+                log.write(line.replace(needle, mask))
+    stream.close()
+
+
+def forget_secrets(proc: subprocess.Popen) -> None:
+    """Delete the launch's private config file (the server has read it once it is up)."""
+    config_dir = getattr(proc, "config_dir", None)
+    if config_dir:
+        shutil.rmtree(config_dir, ignore_errors=True)
+        proc.config_dir = None
 
 
 def stop_engine(proc: subprocess.Popen, timeout_s: float = 10) -> None:
     """SIGTERM, then SIGKILL after `timeout_s`; returns once the process is reaped."""
+    forget_secrets(proc)
     if proc.poll() is not None:
         return
     proc.terminate()

@@ -13,8 +13,14 @@ import tempfile
 from infra.cluster.network import advertise_address, free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
-from infra.rollout.client import EngineClient, EngineError
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.rollout.client import EngineClient, EngineError, paused
+from infra.rollout.engine import (
+    SGLangLaunch,
+    launch_engine,
+    sglang_interpreter,
+    stop_engine,
+    wait_until_healthy,
+)
 
 log = logging.getLogger(__name__)
 PORT_TRIES = 3
@@ -59,8 +65,7 @@ class EngineActor:
             threads=self.cfg.cluster.threads_per_worker,
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
-            python=self.cfg.rollout.sglang_python,
-            tp_size=self.cfg.rollout.tp_size,
+            sglang=sglang_launch(self.cfg),
         )
         self.url = f"http://{host}:{port}"
         wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)
@@ -68,11 +73,13 @@ class EngineActor:
 
     def load_weights_from_disk(self, uri: str, storage_options: dict, weight_version: str) -> None:
         """Disk weight sync: the server needs a local path, so a remote (s3://) export is
-        downloaded on this node first, and removed once the server has loaded it."""
+        downloaded on this node first, and removed once the server has loaded it. Generation
+        is paused around the load (see `paused`), so it never waits behind a running one."""
         with tempfile.TemporaryDirectory(prefix="prl-weights-") as tmp:
             local = localize(uri, storage_options, cache_root=tmp)
             client = EngineClient(self.url, self.cfg.rollout.request_timeout_s)
-            client.update_weights_from_disk(local, weight_version)
+            with paused(client):
+                client.update_weights_from_disk(local, weight_version)
 
     def restart(self, model_uri: str, storage_options: dict) -> str:
         """Replace a dead or hung server with a fresh one (a new port); returns its URL.
@@ -90,3 +97,14 @@ class EngineActor:
         # the log served start-up errors (quoted in them); a stopped engine leaves nothing behind
         if os.path.exists(self.log_path):
             os.remove(self.log_path)
+
+
+def sglang_launch(cfg: RunConfig) -> SGLangLaunch:
+    """The SGLang launch a run's config asks for (ignored by the built-in engine)."""
+    return SGLangLaunch(
+        python=sglang_interpreter(cfg.rollout.sglang_python),
+        tp_size=cfg.rollout.tp_size,
+        cpu=cfg.cluster.engines.gpus_per_worker == 0,
+        colocate=cfg.cluster.colocate,
+        sleep_on_idle=cfg.rollout.sglang_sleep_on_idle,
+    )

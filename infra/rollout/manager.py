@@ -24,7 +24,7 @@ from infra.data.rewards import resolve_reward
 from infra.data.templating import PromptFormatter
 from infra.model.loading import localize
 from infra.model.tokenizer import load_tokenizer
-from infra.rollout.batch import RolloutBatch, Sample
+from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
 from infra.rollout.client import EngineClient
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
@@ -177,7 +177,7 @@ class RolloutManager:
                     prompt_ids=prompt_ids[g],
                     response_ids=list(out["output_ids"]),
                     engine_logprobs=[float(t[0]) for t in meta["output_token_logprobs"]],
-                    weight_version=int(meta["weight_version"]),
+                    weight_version=weight_version_of(meta["weight_version"]),
                     group=g,
                     status={"length": "truncated", "abort": "aborted"}.get(finish, "completed"),
                     finish_reason=finish,
@@ -223,7 +223,7 @@ class RolloutManager:
                 prompt_ids=rows[g]["prompt_ids"],
                 response_ids=list(t.response_ids),
                 engine_logprobs=[float(x) for x in t.engine_logprobs],
-                weight_version=int(t.weight_version),
+                weight_version=weight_version_of(t.weight_version),
                 group=g,
                 status={"length": "truncated", "abort": "aborted"}.get(t.finish_reason, "completed"),
                 finish_reason=t.finish_reason,

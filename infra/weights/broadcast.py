@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from infra.rollout.client import PAUSE_MODE
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
 from infra.weights.group import broadcast_async, close_update_group, open_update_group
@@ -109,11 +110,14 @@ class BroadcastSender:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Wrap a whole sync: every engine inside an update session where it has them.
+        """Wrap a whole sync: every engine paused and inside an update session where it has them.
 
-        The session begins in the background (each engine's begin is first on its queue, so
-        its posts follow it): the round trip overlaps the first gather. It ends here, once
-        the sync's buckets are all in; a failed sync still closes the sessions it opened."""
+        Each engine is paused first (`PAUSE_MODE`: its running requests are retracted, not
+        lost), so the session and the updates never wait behind a long generation. The
+        session begins in the background (each engine's pause and begin are first on its
+        queue, so its posts follow them): the round trips overlap the first gather. It ends
+        here, once the sync's buckets are all in, and generation resumes; a failed sync
+        still closes the sessions it opened and resumes every engine it paused."""
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
         self._begins = [q.submit(self._begin, link) for q, link in zip(self._queues, self.links, strict=True)]
@@ -126,23 +130,33 @@ class BroadcastSender:
                 with suppress(Exception):  # report the failure that got us here
                     begin.result(timeout=self.timeout_s)
                     link.end_session()
+                with suppress(Exception):
+                    link.client.continue_generation()
             raise
         finally:
             self._begins = []
         t0 = time.perf_counter()
-        ends = [q.submit(link.end_session) for q, link in zip(self._queues, self.links, strict=True)]
+        ends = [q.submit(self._end, link) for q, link in zip(self._queues, self.links, strict=True)]
         for end in ends:
             end.result(timeout=self.timeout_s)
         self.timings["session_end_s"] += time.perf_counter() - t0
 
     def _begin(self, link: EngineLink) -> None:
         t0 = time.perf_counter()
+        link.client.pause_generation(PAUSE_MODE)
         link.begin_session()
         self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
 
+    @staticmethod
+    def _end(link: EngineLink) -> None:
+        try:
+            link.end_session()
+        finally:
+            link.client.continue_generation()
+
     def _post(self, index: int, after: PendingBucket | None, *args) -> dict:
         if self._begins:  # already done: it ran first on this queue; its failure is the post's
-            self._begins[index].result()
+            self._begins[index].result(timeout=0)
         if after is not None:
             # An engine that gets a request waits in its receive for the broadcast. Send it
             # only when every engine took the bucket before, which is exactly when the

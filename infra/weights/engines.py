@@ -14,6 +14,9 @@ import torch
 
 from infra.rollout.client import EngineClient, EngineError
 
+# SGLang's answer (400) to a begin while a session is open; the built-in server says the same
+STALE_SESSION = "already open"
+
 
 def group_layout(tp_sizes: list[int]) -> tuple[list[int], int]:
     """Rank offsets of the engines and the group's world size (the trainer is rank 0).
@@ -74,7 +77,12 @@ class EngineLink:
             if self._has_session is None and exc.status == 404:
                 self._has_session = False  # an older server: updates need no session
                 return
-            raise
+            if exc.status != 400 or STALE_SESSION not in str(exc):
+                raise
+            # a session left open by a sync that gave up before its begin was answered:
+            # close it, then open ours
+            self.client.end_weight_update()
+            self.client.begin_weight_update()
         self._has_session = True
 
     def end_session(self) -> None:

@@ -61,9 +61,13 @@ def test_ppo_with_critic_is_accepted_with_verl_defaults():
         RunConfig.model_validate({**ppo, "algorithm": {"advantage_estimator": "ppo", "lam": 1.5}})
 
 
-def test_sglang_needs_gpus_and_pass_k_fits_samples():
-    with pytest.raises(ValidationError, match="sglang"):
-        RunConfig.model_validate({"rollout": {"engine": "sglang"}})
+def test_sglang_runs_on_cpus_or_one_gpu_per_tp_rank_and_pass_k_fits_samples():
+    cpu = RunConfig.model_validate({"rollout": {"engine": "sglang", "tp_size": 2}})
+    assert cpu.cluster.engines.gpus_per_worker == 0  # SGLang's CPU path
+    with pytest.raises(ValidationError, match="must equal rollout.tp_size=2"):
+        RunConfig.model_validate(
+            {"rollout": {"engine": "sglang", "tp_size": 2}, "cluster": {"engines": {"gpus_per_worker": 1}}}
+        )
     with pytest.raises(ValidationError, match="pass_k"):
         RunConfig.model_validate({"eval": {"n_samples": 2, "pass_k": [1, 4]}})
 
