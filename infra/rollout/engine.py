@@ -144,7 +144,21 @@ def _cli_flags(extra_args: dict) -> list[str]:
     return flags
 
 
-def sglang_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
+def cpu_binding(cores: list[int], tp_size: int) -> str:
+    """SGLang's `SGLANG_CPU_OMP_THREADS_BIND` for `tp_size` CPU ranks over `cores`: an equal
+    run of cores per rank ("0-3|4-7"), or one core each, shared, when there are fewer cores
+    than ranks. SGLang refuses more CPU ranks than NUMA nodes unless it is set."""
+    cores = sorted(cores)
+    per_rank = max(1, len(cores) // tp_size)
+    spans = []
+    for r in range(tp_size):
+        chunk = cores[r * per_rank : (r + 1) * per_rank] or [cores[r % len(cores)]]
+        contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
+        spans.append(f"{chunk[0]}-{chunk[-1]}" if contiguous and len(chunk) > 1 else str(chunk[0]))
+    return "|".join(spans)
+
+
+def sglang_env(env: dict[str, str], cpu: bool, tp_size: int = 1) -> dict[str, str]:
     """The environment of an SGLang server: no engine key (it goes in a config file), a
     `/health` that answers from the HTTP process, and SGLang's CPU engine where asked.
 
@@ -157,6 +171,8 @@ def sglang_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
     env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "false"
     if cpu:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+        if tp_size > 1:
+            env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(list(os.sched_getaffinity(0)), tp_size))
     return env
 
 
@@ -206,7 +222,7 @@ def launch_engine(
     # the built-in server is a module of this repository, wherever the caller runs from
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
     if kind == "sglang":
-        env = sglang_env(env, cpu=bool(sglang and sglang.cpu))
+        env = sglang_env(env, cpu=bool(sglang and sglang.cpu), tp_size=sglang.tp_size if sglang else tp_size)
     redact = key if kind == "sglang" else None
     out = subprocess.PIPE if redact else _log_file(log_path)
     try:
@@ -287,3 +303,4 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> No
             stop_engine(proc)
             raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
         time.sleep(HEALTH_POLL_S)
+    forget_secrets(proc)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from infra.config_files import load_config
-from infra.rollout.engine import engine_command
+from infra.rollout.engine import SGLangLaunch, engine_command
+from infra.rollout.engine_actor import sglang_launch
 from tests.sglang.conftest import run_json
 
 pytestmark = pytest.mark.sglang
@@ -21,11 +22,37 @@ def test_gpu_config_launch_command_parses_to_what_we_meant(sglang_python: str):
         "sglang", cfg.model.path, "10.1.2.3", 30123, 4321, 4, cfg.rollout.sglang_args, tp_size=2
     )
     parsed = run_json(sglang_python, "parse_launch.py", cmd)
-    assert parsed == {
+    assert {k: parsed[k] for k in ("model_path", "host", "port", "random_seed", "tp_size")} == {
         "model_path": cfg.model.path,
         "host": "10.1.2.3",
         "port": 30123,
         "random_seed": 4321,
         "tp_size": 2,
-        "mem_fraction_static": float(cfg.rollout.sglang_args["mem-fraction-static"]),
     }
+    assert parsed["mem_fraction_static"] == float(cfg.rollout.sglang_args["mem-fraction-static"])
+    assert parsed["skip_server_warmup"] and parsed["weight_version"] == "0"
+    assert not parsed["sleep_on_idle"] and parsed["device"] is None  # GPUs: SGLang's defaults
+
+
+def test_cpu_colocated_and_keyed_launch_commands_parse_to_what_we_meant(sglang_python: str, tmp_path):
+    cfg = load_config(REPO / "configs" / "sglang-cpu.yaml")
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text('api-key: "k-123"\n')  # as launch_engine writes it
+    cpu = engine_command(
+        "sglang",
+        "/m",
+        "127.0.0.1",
+        30000,
+        1,
+        1,
+        cfg.rollout.sglang_args,
+        sglang=sglang_launch(cfg),
+        config_file=str(secrets),
+    )
+    parsed = run_json(sglang_python, "parse_launch.py", cpu)
+    assert parsed["device"] == "cpu" and parsed["attention_backend"] == "torch_native"
+    assert parsed["disable_cuda_graph"] and parsed["disable_overlap_schedule"] and parsed["sleep_on_idle"]
+    assert parsed["api_key"] == "k-123" and parsed["dtype"] == "float32"
+    colocated = engine_command("sglang", "/m", "h", 1, 0, 1, {}, sglang=SGLangLaunch(colocate=True))
+    parsed = run_json(sglang_python, "parse_launch.py", colocated)
+    assert parsed["enable_memory_saver"] and parsed["enable_weights_cpu_backup"]

@@ -229,13 +229,16 @@ def test_weight_update_over_group(client):
         raise KeyError("a failed sync")
     assert link.has_session is True
     client.begin_weight_update()  # would fail had the session stayed open
-    with pytest.raises(RuntimeError, match="already open"), sender.session():
-        pass  # a begin that fails fails the sync, even one without buckets
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="already open"), sender.session():
-        sender.send_bucket(PARAMS, sent, True, "never")  # fails before its broadcast
-    assert time.monotonic() - t0 < 30  # not the group's 60 s timeout: the group stays in step
     client.end_weight_update()
+    # a session left open (a sync gave up before its late begin was answered) is closed and
+    # opened again by the next sync, which goes through
+    client.begin_weight_update()
+    t0 = time.monotonic()
+    with sender.session():
+        sender.send_bucket(PARAMS, sent, True, "after-stale")
+    assert time.monotonic() - t0 < 30  # not the group's 60 s timeout: the group stayed in step
+    assert client.model_info()["weight_version"] == "after-stale"
+    assert client.generate([[1, 2]], {"max_new_tokens": 1})[0]["output_ids"]  # resumed after the sync
     sender.close()
 
 

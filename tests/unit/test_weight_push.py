@@ -103,6 +103,8 @@ def test_a_failed_middle_bucket_stops_the_push_and_keeps_the_engine_free(client,
         result = push_buckets(params, buckets, sender, "broken", keep=True)
         assert len(result.sent) == 1  # the first bucket only; nothing after the refused one
         raise result.failed
+    # the failed sync resumed the generation it paused: a request is answered at once
+    assert client.generate([[1, 20]], {"max_new_tokens": 1})[0]["output_ids"]
     with sender.session():
         assert push_buckets({n: params[n] for n in names}, [names], sender, "ok", keep=False).failed is None
     assert time.monotonic() - t0 < TIMEOUT_S / 2
