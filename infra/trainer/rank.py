@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import ray
 
-from infra.cluster.network import free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
@@ -156,7 +155,9 @@ class TrainerRank(FSDPRank):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         sync = self.cfg.weight_sync
         self._sender = BroadcastSender(self._links, group_name, sync.timeout_s, sync.flattened_buckets)
-        self._sender.open(self._address, free_port(self._address), backend)
+        self._sender.open(
+            self._address, 0, backend
+        )  # the OS picks the port; bound before the engines hear it
 
     @ray.method(concurrency_group="restore")
     def restore_engines(self, engine_urls: list[str], group_name: str) -> str:
