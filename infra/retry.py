@@ -1,4 +1,5 @@
-"""The retry policy every remote call shares: which faults are worth another try, and the waits.
+"""The retry policy that storage, the reward service and readiness polls share: which faults
+are worth another try, and the waits between tries.
 
 Only transient faults are retried (connection refused or dropped, timeouts, 5xx, 408 and
 429 answers); a missing file, a denied or malformed request or bad credentials fail at
