@@ -3,18 +3,38 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+# The exact versions the suite passed on, as pip constraints: a setup months later installs
+# the same ones, not the newest that pyproject.toml's ranges allow. Torch is not in it.
+LOCK := requirements.lock
 
-.PHONY: setup sglang-venv demo test lint bench clean
+.PHONY: setup sglang-venv demo test lint lock bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: anything else would pull a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -c $(LOCK) -e ".[test]"
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Refresh requirements.lock: resolve pyproject.toml's ranges afresh (the newest versions
+# they allow) in a scratch venv and record what was installed, torch excepted. Run
+# `make test` on the new lock before committing it.
+LOCK_VENV := .venv-lock
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/pip install -q $(TORCH)
+	$(LOCK_VENV)/bin/pip install -q -e ".[test]"
+	{ echo "# Exact versions of everything \`make setup\` installs besides torch (the Makefile pins it"; \
+	  echo "# and installs it first), used as pip constraints. Refreshed by \`make lock\`."; \
+	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -v -E '^(torch|triton)==|^nvidia-'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # A second venv in which SGLang's own Python modules import on CPU, for the conformance
 # tests (`pytest -m sglang`): CPU torch, then SGLang and its light dependencies from an
@@ -27,7 +47,7 @@ SGLANG_REQS := tests/sglang/requirements.txt
 $(SGLANG_STAMP): $(SGLANG_REQS)
 	rm -rf $(SGLANG_VENV)
 	$(PY) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/pip install -q $(TORCH)
 	$(SGLANG_VENV)/bin/pip install -q --no-deps -r $(SGLANG_REQS)
 	$(SGLANG_VENV)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") \
 		+ "/conformance-standins.pth", "w").write(sys.argv[1] + "\nimport torch_sees_no_triton\n")' \
@@ -60,7 +80,7 @@ lint: $(STAMP)
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/pip install -q -c $(LOCK) -e ".[bench]"
 	touch $(BENCH_STAMP)
 
 # every script in bench/suite.py's BENCHES; writes bench/RESULTS.md (~25 min on 2 cores)

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,35 +94,11 @@ def moto_s3(bucket: str = "bench") -> Iterator[str]:
     processes inherit. Yields `s3://bucket`."""
     import s3fs
 
-    from infra.cluster.network import free_port
+    from infra.storage.local_s3 import AWS_SETTINGS_TO_CLEAR, aws_env, moto_server
 
-    port = free_port("127.0.0.1")
-    moto = subprocess.Popen(
-        [
-            shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server"),
-            "-H",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-    )
-    try:
-        fs = s3fs.S3FileSystem()
-        for _ in range(100):
-            try:
-                fs.mkdir(bucket)
-                break
-            except Exception:  # noqa: BLE001 - server still starting
-                time.sleep(0.1)
+    with moto_server() as endpoint:
+        for name in AWS_SETTINGS_TO_CLEAR:
+            os.environ.pop(name, None)
+        os.environ.update(aws_env(endpoint, key="bench"))
+        s3fs.S3FileSystem().mkdir(bucket)
         yield f"s3://{bucket}"
-    finally:
-        moto.terminate()
-        moto.wait()

@@ -8,7 +8,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +15,7 @@ import httpx
 import prefect
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_settings, temporary_settings
 
+from infra.retry import poll
 from infra.rollout.client import API_KEY_ENV
 
 # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
@@ -86,21 +86,18 @@ class ApiServerStart:
     def wait(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:
         """The API URL once it answers; also set as PREFECT_API_URL for this process's children."""
         if self.proc is not None:
-            deadline = time.monotonic() + timeout_s
+            proc = self.proc
             with httpx.Client() as client:
-                while True:
-                    if self.proc.poll() is not None:
-                        raise RuntimeError(f"the Prefect API server exited with code {self.proc.returncode}")
-                    try:
-                        if client.get(f"{self.url}/health", timeout=5).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"the Prefect API server at {self.url} did not answer in {timeout_s:.0f} s"
-                        )
-                    time.sleep(0.1)
+
+                def answers() -> bool:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"the Prefect API server exited with code {proc.returncode}")
+                    return client.get(f"{self.url}/health", timeout=5).status_code == 200
+
+                if not poll(answers, timeout_s):
+                    raise RuntimeError(
+                        f"the Prefect API server at {self.url} did not answer in {timeout_s:.0f} s"
+                    )
             _lower_priority(self.proc.pid, SERVER_NICENESS)
         os.environ["PREFECT_API_URL"] = self.url
         return self.url

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from uuid import UUID
 
@@ -45,6 +44,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+from infra.retry import poll
 
 log = logging.getLogger(__name__)
 # Prefect's task engine logs this last, after the final state is set
@@ -110,13 +111,15 @@ def wait_reported(task_run_ids: Iterable[UUID], timeout_s: float = 30.0) -> list
     log) of every given task run; the ids still missing after `timeout_s` (warned)."""
     ids = list(dict.fromkeys(task_run_ids))
     want_logs = _logs_enabled()
-    deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
-        while ids:
+
+        def reported() -> bool:
+            nonlocal ids
             ids = _unreported(client, ids, want_logs)
-            if not ids or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+            return not ids
+
+        if ids:
+            poll(reported, timeout_s)
     if ids:
         log.warning("%d task runs not fully reported to the API after %.0f s: %s", len(ids), timeout_s, ids)
     return ids

@@ -3,68 +3,27 @@ bucket per test, and `storage_uri` that runs a storage test on a local folder an
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import time
-import urllib.request
+import importlib.util
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from infra.cluster.network import free_port
-
-
-def _moto_server_executable() -> str:
-    beside_python = Path(sys.executable).parent / "moto_server"
-    found = str(beside_python) if beside_python.exists() else shutil.which("moto_server")
-    if not found:
-        pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    return found
-
-
-def _wait_until_up(endpoint: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto_server exited with code {proc.returncode}")
-        try:
-            urllib.request.urlopen(endpoint, timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"moto_server did not answer at {endpoint} within {timeout_s} s")
+from infra.storage.local_s3 import AWS_SETTINGS_TO_CLEAR, aws_env, moto_server
 
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[str]:
     """Endpoint of a moto S3 server for the session, with the AWS_* env pointing at it."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [_moto_server_executable(), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_until_up(endpoint, proc)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-            mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-            mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-            mp.setenv("AWS_ENDPOINT_URL", endpoint)
-            # A developer's own AWS settings must not redirect the tests to a real account.
-            for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
-                mp.delenv(name, raising=False)
-            yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    if importlib.util.find_spec("moto") is None:
+        pytest.skip("moto not installed (pip install 'moto[server]')")
+    with moto_server() as endpoint, pytest.MonkeyPatch.context() as mp:
+        for name, value in aws_env(endpoint).items():
+            mp.setenv(name, value)
+        for name in AWS_SETTINGS_TO_CLEAR:
+            mp.delenv(name, raising=False)
+        yield endpoint
 
 
 @pytest.fixture

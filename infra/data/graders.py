@@ -75,35 +75,44 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the completion was cut off inside the box
 
 
-def normalize_math(answer: str) -> str:
-    """Spacing, `\\left`/`\\right`, `\\text{}` units, `^\\circ`, trailing `.` and `$` removed."""
-    s = answer.strip().strip("$").rstrip(".")
-    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
-    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "^\\circ", "^{\\circ}", "\\%", "%", "$"):
-        s = s.replace(token, "")
-    s = s.replace("dfrac", "frac").replace("tfrac", "frac")
-    return re.sub(r"\s+", "", s)
+def _parse_math(answer: str) -> list:
+    """The answer as SymPy objects (and its text), for math-verify's `verify`."""
+    # Imported here: sympy takes half a second to import, paid only by runs that grade math.
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    # No parsing timeout: math-verify's is `signal.alarm`, which raises off the main thread,
+    # and rewards run in worker threads; `data.reward_timeout_s` bounds the call instead.
+    # In `$...$`: the LaTeX extractor reads delimited math; LaTeX first, then plain
+    # expressions (`1/2`, `-1.25`), math-verify's own default order.
+    return parse(
+        f"${answer}$",
+        extraction_config=(LatexExtractionConfig(), ExprExtractionConfig()),
+        parsing_timeout=None,
+    )
 
 
 def boxed_math(prompt: str, response: str, label: str, **kw) -> float:
-    """1 if the last `\\boxed{}` of the response equals the reference.
+    """1 if the last `\\boxed{}` of the response equals the reference, as math-verify judges.
 
     The reference is the label's own last `\\boxed{}` (a raw MATH solution) or the whole
-    label. Equal means numerically equal (`0.5` = `\\frac{1}{2}` = `1/2`) or, for
-    non-numeric answers, equal after normalisation (`\\left( 3, \\frac{\\pi}{2} \\right)`).
+    label. Both sides are parsed to SymPy and compared numerically and symbolically:
+    `-\\frac{5}{4}` = `-1.25`, `\\sqrt{12}` = `2\\sqrt{3}`, `y = 7` = `7`, `\\{1,2\\}` =
+    `\\{2,1\\}`, `50\\%` = `50`, `5 \\text{ cm}` = `5`; a response with no box scores 0.
     """
+    from math_verify import verify
+
     reference = last_boxed(label)
     reference = label if reference is None else reference
     if not reference.strip():
         raise ValueError("label: empty math answer")
+    gold = _parse_math(reference)
+    if not gold:
+        raise ValueError(f"label: no math answer in {reference[-80:]!r}")
     got = last_boxed(response)
     if got is None:
         return 0.0
-    a, b = normalize_math(got), normalize_math(reference)
-    na, nb = parse_number(a), parse_number(b)
-    if na is not None and nb is not None:
-        return float(na == nb)
-    return float(a == b)
+    # verify is not symmetric (the gold side decides how an assignment or a relation is read).
+    return float(verify(gold, _parse_math(got), timeout_seconds=None))
 
 
 def normalize_answer(text: str) -> str:

@@ -3,18 +3,20 @@
 Each request POSTs a JSON list of `{"prompt", "response", "label"}` (at most
 `data.remote_reward.batch_size` items) and expects a JSON list of numbers back, one per
 item, in order (or `{"rewards": [...]}`). Requests run `concurrency` at a time; a request
-that fails (connection error, 5xx, timeout, malformed answer) is retried with backoff, and
-when its tries are spent its samples are marked failed, as a reward function that raises.
+that fails (connection error, 5xx, timeout, malformed answer) is retried with backoff (the
+shared policy, `infra.retry`), and when its tries are spent, or at once for a refusal
+(4xx), its samples are marked failed, as a reward function that raises.
 """
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from tenacity import RetryError
 
 from infra.config import RemoteRewardConfig
+from infra.retry import backoff, is_transient
 
 
 class RemoteRewardError(RuntimeError):
@@ -41,23 +43,29 @@ class RemoteReward:
         return [value for answer in answers for value in answer]
 
     def _post_with_retries(self, batch: list[dict]) -> list[object]:
-        error: Exception | None = None
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                time.sleep(self.options.backoff_s * 2 ** (attempt - 1))
-            try:
-                return self._post(batch)
-            except (httpx.HTTPError, RemoteRewardError, ValueError) as e:
-                error = e
-                if isinstance(e, httpx.HTTPStatusError) and e.response.status_code < 500:
-                    break  # the service refused the request itself: a retry gets the same answer
+        retrying = backoff(
+            f"reward request to {self.url}",
+            first_delay_s=self.options.backoff_s,
+            attempts=self.options.retries + 1,
+            # a garbled answer may come from a server mid-restart: worth another try too
+            retry_on=lambda e: is_transient(e) or isinstance(e, RemoteRewardError),
+        )
+        try:
+            return retrying(self._post, batch)
+        except RetryError as spent:
+            error = spent.last_attempt.exception()
+        except (httpx.HTTPError, RemoteRewardError) as refused:
+            error = refused
         failure = RemoteRewardError(f"{self.url}: {type(error).__name__}: {error}")
         return [failure] * len(batch)
 
     def _post(self, batch: list[dict]) -> list[object]:
         resp = httpx.post(self.url, json=batch, timeout=self.timeout_s)
         resp.raise_for_status()
-        data = resp.json()
+        try:
+            data = resp.json()
+        except ValueError as e:
+            raise RemoteRewardError(f"the answer is not JSON: {resp.text[:200]!r}") from e
         rewards = data.get("rewards") if isinstance(data, dict) else data
         if not isinstance(rewards, list) or len(rewards) != len(batch):
             raise RemoteRewardError(f"expected a list of {len(batch)} rewards, got {str(data)[:200]}")

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import ray
 
-from infra.cluster.network import advertise_address, free_port
+from infra.cluster.network import advertise_address
 from infra.config import RunConfig
 from infra.trainer.batch_inbox import BatchInbox, FromManager
 from infra.trainer.lr_schedule import lr_factor
 
 if TYPE_CHECKING:
     import torch
+    import torch.distributed as dist
     from torch.optim.lr_scheduler import LambdaLR
 
     from infra.storage.dcp_io import BackgroundSave
@@ -42,6 +43,7 @@ class FSDPRank:
         self._address = advertise_address(local_cluster=not cfg.cluster.ray_address)
         self._writing: BackgroundSave | None = None  # a checkpoint still being written
         self.inbox = BatchInbox()  # rollouts staged ahead of the calls that train on them
+        self._store: dist.TCPStore | None = None  # rank 0's rendezvous store, once bound
 
     @ray.method(concurrency_group="stage")
     def stage_batch(self, rollout_id: int, source: FromManager) -> None:
@@ -59,7 +61,13 @@ class FSDPRank:
         return self.inbox.state()
 
     def master_address(self) -> tuple[str, int]:
-        return self._address, free_port(self._address)
+        """Rank 0: where the group meets. The store listens before the port is returned, so
+        no other process can take the port before the ranks dial it."""
+        from infra.trainer.parallelize import host_store
+
+        if self._store is None:
+            self._store = host_store(self._address, self.world_size, self.cfg.cluster.collective_timeout_s)
+        return self._address, self._store.port
 
     def pid(self) -> int:
         return os.getpid()
@@ -72,7 +80,12 @@ class FSDPRank:
 
         torch.set_num_threads(self.cfg.cluster.threads_per_worker)
         init_distributed(
-            self.rank, self.world_size, master_addr, master_port, self.cfg.cluster.collective_timeout_s
+            self.rank,
+            self.world_size,
+            master_addr,
+            master_port,
+            self.cfg.cluster.collective_timeout_s,
+            store=self._store,
         )
         # background checkpoint writes coordinate on their own group: their collectives run
         # while training's run on the default one, and one gloo group must not mix the two

@@ -26,20 +26,31 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def host_store(host: str, world_size: int, timeout_s: float = 600) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on a port the OS picked (`store.port`) before any
+    other rank is told it: nothing can take the port between a probe and the bind."""
+    return dist.TCPStore(
+        host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
 def init_distributed(
-    rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 600
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float = 600,
+    store: dist.TCPStore | None = None,
 ) -> None:
-    """Join the trainers' default process group: nccl on GPUs, gloo on CPUs."""
+    """Join the trainers' default process group: nccl on GPUs, gloo on CPUs. Rank 0 passes
+    the `store` it hosts (`host_store`); without one, rank 0 hosts it on `master_port`."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

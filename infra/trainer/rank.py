@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import ray
 
-from infra.cluster.network import free_port
 from infra.config import RunConfig
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
@@ -156,7 +155,8 @@ class TrainerRank(FSDPRank):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         sync = self.cfg.weight_sync
         self._sender = BroadcastSender(self._links, group_name, sync.timeout_s, sync.flattened_buckets)
-        self._sender.open(self._address, free_port(self._address), backend)
+        # port 0: the OS picks one, and the sender binds it before the engines hear of it
+        self._sender.open(self._address, 0, backend)
 
     @ray.method(concurrency_group="restore")
     def restore_engines(self, engine_urls: list[str], group_name: str) -> str:

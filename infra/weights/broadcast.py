@@ -24,7 +24,7 @@ import torch.distributed as dist
 from infra.rollout.client import PAUSE_MODE
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
-from infra.weights.group import broadcast_async, close_update_group, open_update_group
+from infra.weights.group import broadcast_async, close_update_group, host_update_store, open_update_group
 from infra.weights.payload import empty_bucket, filled_bucket, reuse_bucket
 
 
@@ -74,7 +74,8 @@ class BroadcastSender:
         self.timings: defaultdict[str, float] = defaultdict(float)
 
     def open(self, address: str, port: int, backend: str) -> None:
-        """Form the group: every engine's join request blocks until all ranks are in."""
+        """Form the group: every engine's join request blocks until all ranks are in. The
+        group's store listens on `port` (0: one the OS picks) before the engines are told it."""
         try:
             self._open(address, port, backend)
         except Exception as exc:
@@ -83,12 +84,13 @@ class BroadcastSender:
     def _open(self, address: str, port: int, backend: str) -> None:
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         offsets, world_size = group_layout([link.tp_size for link in self.links])
+        store = host_update_store(address, world_size, self.timeout_s, port)
         with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
             joins = [
                 pool.submit(
                     link.client.init_weights_update_group,
                     address,
-                    port,
+                    store.port,
                     offset,
                     world_size,
                     self.group_name,
@@ -98,12 +100,13 @@ class BroadcastSender:
             ]
             self.group = open_update_group(
                 address,
-                port,
+                store.port,
                 0,
                 world_size,
                 group_name=self.group_name,
                 timeout_s=self.timeout_s,
                 backend=backend,
+                store=store,
             )
             for join in joins:
                 join.result(timeout=self.timeout_s)

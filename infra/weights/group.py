@@ -10,6 +10,11 @@ trainer here, and the built-in engine server too, so the CPU suite exercises the
 the GPUs use. The conformance tests (`pytest -m sglang`) hold it against SGLang's own
 function.
 
+Rank 0 (the trainer) hosts the store. It binds it first, on a port the OS picks
+(`host_update_store`), and only then tells the engines that port: no other process can
+take the port between a probe and the bind. The store is the TCPStore the `tcp://`
+rendezvous would have made, so the key layout is the same.
+
 The group lives beside whatever default world a process already has (the trainer ranks
 keep their FSDP group; an engine process needs none). Ranks: the trainer is 0; an engine
 with tensor parallelism tp takes `rank_offset + tp_rank`, tp ranks in all.
@@ -30,6 +35,21 @@ from torch.distributed.distributed_c10d import (
 )
 
 
+def host_update_store(
+    master_address: str, world_size: int, timeout_s: float = 300, port: int = 0
+) -> dist.TCPStore:
+    """Rank 0's store for the group, already listening on `port` (0: one the OS picks); tell
+    the other ranks `store.port`."""
+    return dist.TCPStore(
+        master_address,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
 def open_update_group(
     master_address: str,
     master_port: int,
@@ -38,20 +58,24 @@ def open_update_group(
     group_name: str = "weight_update_group",
     timeout_s: float = 300,
     backend: str = "gloo",
+    store: dist.Store | None = None,
 ) -> dist.ProcessGroup:
-    """Join the group; blocks until all `world_size` ranks have joined (rank 0 hosts the store)."""
+    """Join the group; blocks until all `world_size` ranks have joined. Rank 0 passes the
+    `store` it hosts (`host_update_store`); the others (and a rank 0 without one) go through
+    the `tcp://` rendezvous at `master_address:master_port`, as SGLang's engines do."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend: unknown weight-update backend {backend!r} (gloo or nccl)")
     if backend == "nccl" and not dist.is_nccl_available():
-        # checked before the store exists, so the other ranks time out instead of joining
+        # checked before the group forms, so the other ranks time out instead of joining
         raise RuntimeError("backend: nccl is not available in this torch build (CPU only); use gloo")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: {rank} is outside the group of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    # rendezvous yields (store, rank, world_size) once; the TCPStore is hosted by rank 0
-    store, rank, world_size = next(
-        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
-    )
+    if store is None:
+        # rendezvous yields (store, rank, world_size) once; the TCPStore is hosted by rank 0
+        store, rank, world_size = next(
+            rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+        )
     store.set_timeout(timeout)
     prefixed = PrefixStore(group_name, store)
     group, _ = _new_process_group_helper(

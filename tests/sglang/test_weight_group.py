@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.cluster.network import free_port
 from infra.weights.broadcast import pack
-from infra.weights.group import broadcast, close_update_group, open_update_group
+from infra.weights.group import broadcast, close_update_group, host_update_store, open_update_group
 from tests.sglang.conftest import spawn
 
 pytestmark = pytest.mark.sglang
@@ -41,9 +40,10 @@ def _bucket(seed: int, spec: list = BUCKET) -> list[torch.Tensor]:
     return out
 
 
-def _trainer(port: int, world_size: int, name: str, tensors: list[torch.Tensor], flat: bool) -> None:
+def _trainer(store, world_size: int, name: str, tensors: list[torch.Tensor], flat: bool) -> None:
+    # as BroadcastSender: rank 0 joins through the store it bound before the engines heard its port
     group = open_update_group(
-        "127.0.0.1", port, rank=0, world_size=world_size, group_name=name, timeout_s=120
+        "127.0.0.1", store.port, rank=0, world_size=world_size, group_name=name, timeout_s=120, store=store
     )
     for tensor in [pack(tensors, tensors[0].dtype)] if flat else tensors:
         broadcast(group, tensor, src=0)
@@ -56,13 +56,14 @@ def _trainer(port: int, world_size: int, name: str, tensors: list[torch.Tensor],
 )
 def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path: Path, engine_ranks):
     world_size = 1 + len(engine_ranks)
+    stores = [host_update_store("127.0.0.1", world_size, 120) for _ in range(3)]
     groups = [
-        {"name": f"wu-{tmp_path.name}-a", "port": free_port(), "seed": 0, "tensors": BUCKET},
-        {"name": f"wu-{tmp_path.name}-b", "port": free_port(), "seed": 1, "tensors": BUCKET},
+        {"name": f"wu-{tmp_path.name}-a", "store": stores[0], "seed": 0, "tensors": BUCKET},
+        {"name": f"wu-{tmp_path.name}-b", "store": stores[1], "seed": 1, "tensors": BUCKET},
         # our sender's flattened_bucket, received by SGLang's own FlattenedTensorBucket
         {
             "name": f"wu-{tmp_path.name}-c",
-            "port": free_port(),
+            "store": stores[2],
             "seed": 2,
             "tensors": FLAT_BUCKET,
             "flat": True,
@@ -74,7 +75,7 @@ def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path
         "groups": [
             {
                 "name": g["name"],
-                "port": g["port"],
+                "port": g["store"].port,
                 "tensors": g["tensors"],
                 "load_format": "flattened_bucket" if g.get("flat") else None,
             }
@@ -97,7 +98,7 @@ def test_bucket_arrives_bitwise_then_a_second_group(sglang_python: str, tmp_path
             for g in groups:
                 sent = _bucket(g["seed"], g["tensors"])
                 flat = bool(g.get("flat"))
-                pool.submit(_trainer, g["port"], world_size, g["name"], sent, flat).result(timeout=240)
+                pool.submit(_trainer, g["store"], world_size, g["name"], sent, flat).result(timeout=240)
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
             assert proc.returncode == 0, out[-6000:]

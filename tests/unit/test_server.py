@@ -216,7 +216,7 @@ def test_weight_update_over_group(client):
     # the sync's session wrapper: probes once, and a sync that fails still closes the session
     link = EngineLink(client, rank_offset=1, tp_size=1, dtype=torch.float32)
     sender = BroadcastSender([link], f"{group_name}-2", timeout_s=60)
-    sender.open("127.0.0.1", free_port(), "gloo")
+    sender.open("127.0.0.1", 0, "gloo")  # the port the OS picks, bound before the engine hears it
     for flatten in (True, False):  # one flat buffer, then one broadcast per tensor
         sender.flatten = flatten
         sent = [torch.randn(64, 256), torch.randn(64)]

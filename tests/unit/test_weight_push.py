@@ -40,7 +40,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineClient]:
 def sender(client: EngineClient, request: pytest.FixtureRequest) -> Iterator[BroadcastSender]:
     link = EngineLink(client, rank_offset=1, tp_size=1, dtype=torch.float32)
     sender = BroadcastSender([link], f"push-{request.node.name}", timeout_s=TIMEOUT_S)
-    sender.open("127.0.0.1", free_port(), "gloo")
+    sender.open("127.0.0.1", 0, "gloo")  # the port the OS picks, bound before the engine hears it
     yield sender
     sender.close()
 
