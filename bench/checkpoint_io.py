@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bench.common import moto_s3, ratio_line
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 ADDR = "127.0.0.1"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ratio_line, spread
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 ADDR = "127.0.0.1"
 

@@ -28,7 +28,7 @@ import torch
 import torch.multiprocessing as mp
 
 from bench.common import ratio_line, spread
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 ADDR = "127.0.0.1"
 

@@ -40,8 +40,8 @@ import torch
 import torch.multiprocessing as mp
 
 from bench.common import ratio_line, spread
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
+from tests.ports import free_port
 
 ADDR = "127.0.0.1"
 # Untimed rounds first: a run syncs hundreds of times, and rank 0 fills the payload buffers

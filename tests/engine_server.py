@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from infra.cluster.network import free_port
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from tests.ports import free_port
 
 
 @contextmanager

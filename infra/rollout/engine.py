@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
+
 from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
 
 _PR_SET_PDEATHSIG = 1
@@ -35,6 +37,8 @@ class EngineProcess(subprocess.Popen):
 
     log_path: str | None = None
     config_dir: str | None = None  # the private config file's folder, until the server is up
+    host: str = ""
+    port: int = 0  # 0: the server binds a free port itself (see serving_url)
 
 
 def _die_with_parent() -> None:
@@ -240,6 +244,7 @@ def launch_engine(
             out.close()
     proc.log_path = log_path
     proc.config_dir = config_dir
+    proc.host, proc.port = host, port
     if redact:
         threading.Thread(
             target=_copy_redacted, args=(proc.stdout, log_path, redact), daemon=True, name="engine-log"
@@ -304,3 +309,35 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> No
             raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
         time.sleep(HEALTH_POLL_S)
     forget_secrets(proc)
+
+
+def serving_url(proc: EngineProcess, timeout_s: float) -> str:
+    """The URL of a launched server once it answers /health. A server launched on port 0
+    binds a free port itself; the port is the one its own process listens on at its host
+    (the HTTP server's: SGLang's scheduler and the built-in server's groups listen from
+    other processes or only later)."""
+    deadline = time.monotonic() + timeout_s
+    port = proc.port
+    while not port:
+        if proc.poll() is not None:
+            raise EngineError(f"engine exited with code {proc.returncode}:\n{_log_tail(proc.log_path)}")
+        if time.monotonic() > deadline:
+            stop_engine(proc)
+            raise EngineError(f"engine bound no port within {timeout_s} s:\n{_log_tail(proc.log_path)}")
+        port = _listening_port(proc.pid, proc.host)
+        if not port:
+            time.sleep(HEALTH_POLL_S)
+    url = f"http://{proc.host}:{port}"
+    wait_until_healthy(url, proc, max(0.0, deadline - time.monotonic()))
+    return url
+
+
+def _listening_port(pid: int, host: str) -> int | None:
+    try:
+        sockets = psutil.Process(pid).net_connections("tcp")
+    except psutil.NoSuchProcess:
+        return None
+    ports = sorted({c.laddr.port for c in sockets if c.status == psutil.CONN_LISTEN and c.laddr.ip == host})
+    if len(ports) > 1:
+        raise EngineError(f"engine process {pid} listens on several ports at {host}: {ports}")
+    return ports[0] if ports else None

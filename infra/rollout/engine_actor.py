@@ -10,21 +10,19 @@ import logging
 import os
 import tempfile
 
-from infra.cluster.network import advertise_address, free_port
+from infra.cluster.network import advertise_address
 from infra.config import RunConfig
 from infra.model.loading import localize
-from infra.rollout.client import EngineClient, EngineError, paused
+from infra.rollout.client import EngineClient, paused
 from infra.rollout.engine import (
     SGLangLaunch,
     launch_engine,
+    serving_url,
     sglang_interpreter,
     stop_engine,
-    wait_until_healthy,
 )
 
 log = logging.getLogger(__name__)
-PORT_TRIES = 3
-PORT_TAKEN = "address already in use"  # uvicorn's bind error, in the built-in server's and SGLang's log
 
 
 class EngineActor:
@@ -39,36 +37,20 @@ class EngineActor:
     def start(self, model_uri: str, storage_options: dict) -> str:
         host = advertise_address(self.local_cluster)
         model_dir = localize(model_uri, storage_options)
-        attempt = 1
-        while True:
-            try:
-                return self._launch(host, model_dir)
-            except EngineError as exc:
-                if attempt == PORT_TRIES or PORT_TAKEN not in str(exc).lower():
-                    raise
-                log.warning(
-                    "engine %d: %s was taken before its server bound it; another port", self.index, self.url
-                )
-                os.remove(self.log_path)  # the next start's errors alone
-            attempt += 1
-
-    def _launch(self, host: str, model_dir: str) -> str:
-        # the server binds the port seconds after this probe, once its imports are done;
-        # whatever else starts meanwhile (Ray's workers, the other engines) may take it
-        port = free_port(host)
+        # port 0: the server binds a free port itself, and the URL names the one it bound
+        # (a port chosen here could be taken by another process before the server binds it)
         self.proc = launch_engine(
             self.cfg.rollout.engine,
             model_dir,
             host,
-            port,
+            0,
             seed=self.cfg.rollout.seed + self.index,
             threads=self.cfg.cluster.threads_per_worker,
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
             sglang=sglang_launch(self.cfg),
         )
-        self.url = f"http://{host}:{port}"
-        wait_until_healthy(self.url, self.proc, self.cfg.rollout.startup_timeout_s)
+        self.url = serving_url(self.proc, self.cfg.rollout.startup_timeout_s)
         return self.url
 
     def load_weights_from_disk(self, uri: str, storage_options: dict, weight_version: str) -> None:

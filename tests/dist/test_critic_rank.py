@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 from infra.config import RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from tests.dist.rank_state import full_train_state

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 from infra.config import AlgorithmConfig, RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.weights.group import broadcast, close_update_group, open_update_group

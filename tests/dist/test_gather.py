@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 from infra.model.loading import localize
 from infra.rollout.client import EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.flow, pytest.mark.cluster]
 REPO = Path(__file__).resolve().parents[2]

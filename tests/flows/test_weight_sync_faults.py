@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.engines import connect_engines
 from infra.weights.group import close_update_group
+from tests.ports import free_port
 
 pytestmark = pytest.mark.flow
 TIMEOUT_S = 8

@@ -16,11 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import API_KEY_ENV, EngineClient
-from infra.rollout.engine import EngineProcess, SGLangLaunch, launch_engine, stop_engine, wait_until_healthy
+from infra.rollout.engine import EngineProcess, SGLangLaunch, launch_engine, serving_url, stop_engine
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.check import WeightCheck
 from infra.weights.engines import connect_engines
@@ -56,22 +55,20 @@ def real_sglang_server(
     """One SGLang server on loopback, launched as an engine actor launches it (API key set)."""
     previous = os.environ.get(API_KEY_ENV)
     os.environ[API_KEY_ENV] = api_key  # what a run sets for every process
-    port = free_port()
-    log_path = str(log_dir / f"sglang-{port}.log")
+    log_path = str(log_dir / f"sglang-{len(list(log_dir.iterdir()))}.log")
     proc = launch_engine(
         "sglang",
         str(model_dir),
         "127.0.0.1",
-        port,
+        0,  # as the engine actor launches it: the server binds a free port itself
         seed=1,
         threads=1,
         extra_args=SERVER_ARGS,
         log_path=log_path,
         sglang=SGLangLaunch(python=python, tp_size=tp_size, cpu=True),
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, proc, STARTUP_TIMEOUT_S)
+        url = serving_url(proc, STARTUP_TIMEOUT_S)
         yield RealServer(url, proc, log_path, api_key)
     finally:
         stop_engine(proc)
@@ -105,7 +102,7 @@ def broadcast_sync(
     links = connect_engines([url], tp_size, model_config, timeout_s)
     sender = BroadcastSender(links, f"tier-{version}-{os.getpid()}", timeout_s=timeout_s)
     t0 = time.monotonic()
-    sender.open("127.0.0.1", free_port(), "gloo")
+    sender.open("127.0.0.1", 0, "gloo")  # the port the OS picks, bound before the engine hears it
     try:
         names = list(params)
         with sender.session():

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import torch
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.group import broadcast, close_update_group, open_update_group
+from tests.ports import free_port
 from tests.sglang.conftest import run_json
 
 pytestmark = pytest.mark.sglang

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import API_KEY_ENV, EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from tests.ports import free_port
 from tests.sglang.conftest import run_json
 
 pytestmark = pytest.mark.sglang

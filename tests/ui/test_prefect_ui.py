@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.cluster.network import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.ui
 

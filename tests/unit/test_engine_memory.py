@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.memory import WeightOffload
 from infra.rollout.sampling import sample_batch
+from tests.ports import free_port
 
 # ~4.7M parameters (19 MB in fp32): large enough that freeing them shows in the RSS
 SHAPE = TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024)

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.engine_fleet import EngineFleet
+from tests.ports import free_port
 
 HEALTH_TIMEOUT_S = 3
 

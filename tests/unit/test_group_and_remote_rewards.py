@@ -137,8 +137,8 @@ def test_a_hung_service_times_out(service) -> None:
 
 
 def test_unreachable_service_fails_preflight() -> None:
-    from infra.cluster.network import free_port
     from infra.preflight import PreflightError, check_reward
+    from tests.ports import free_port
 
     with pytest.raises(PreflightError, match="data.reward.*does not accept connections"):
         check_reward(f"http://127.0.0.1:{free_port()}/score")

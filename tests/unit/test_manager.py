@@ -6,12 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from infra.cluster.network import free_port
 from infra.config import RunConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.storage.fs import RunStore
+from tests.ports import free_port
 
 
 def flaky_reward(prompt: str, response: str, label: str, **kw) -> float:

@@ -17,7 +17,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient, EngineError
@@ -25,6 +24,7 @@ from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.broadcast import BroadcastSender, pack
 from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
+from tests.ports import free_port
 from tests.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from tests.ports import free_port
 
 KEY = "per-run-key-for-the-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -260,9 +260,9 @@ def test_a_group_join_without_peers_gives_up_after_its_timeout(tmp_path):
     """A join whose trainer never comes frees its thread after --group-timeout-s."""
     from fastapi.testclient import TestClient
 
-    from infra.cluster.network import free_port
     from infra.rollout.engine_state import EngineState
     from infra.rollout.server import create_app
+    from tests.ports import free_port
 
     model = build_tiny_model(tmp_path / "m", TinyModelConfig())
     state = EngineState(str(model), seed=0, weight_version="0", group_timeout_s=3.0)

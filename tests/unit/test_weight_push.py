@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from infra.cluster.network import free_port
 from infra.config import TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.client import EngineClient
@@ -18,6 +17,7 @@ from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.trainer.push import push_buckets
 from infra.weights.broadcast import BroadcastSender, EarlierBucketFailed, pack
 from infra.weights.engines import EngineLink
+from tests.ports import free_port
 
 TIMEOUT_S = 60  # the group's: a receive left waiting would show as a push this slow
 
