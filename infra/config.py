@@ -307,7 +307,7 @@ class DataConfig(_Section):
         ge=0,
         le=1,
         description="Stop the run with an error when more than this share of a rollout's samples "
-        "failed (reward raised, timed out or returned no finite number), instead of training on zeros.",
+        "failed (reward raised, timed out or returned no finite number or one beyond +-1e6), instead of training on zeros.",
     )
 
 
