@@ -175,7 +175,10 @@ def _result(value: object, name: str) -> RewardResult:
         return RewardResult(0.0, "failed", f"{type(value).__name__}: {value}")
     if not isinstance(value, numbers.Real):  # a bool counts as 0 or 1
         return RewardResult(0.0, "failed", f"reward {name} must return a finite number, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
     if not math.isfinite(number) or abs(number) > MAX_ABS_REWARD:
         return RewardResult(
             0.0,
