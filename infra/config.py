@@ -577,7 +577,9 @@ class EvalConfig(_Section):
     interval: int | None = Field(
         10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
     )
-    num_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
+    num_prompts: int = Field(
+        64, ge=1, description="Held-out prompts per evaluation (all of them when the eval data holds fewer)."
+    )
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(
         0.6, ge=0, description=f"Eval sampling temperature (0: greedy, else at least {MIN_TEMPERATURE:g})."

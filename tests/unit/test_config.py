@@ -277,3 +277,12 @@ def test_a_greedy_eval_dataset_keeps_temperature_zero():
     cfg = load_config(None, ["eval.datasets=[{name: g, path: 'builtin:digit-copy', temperature: 0}]"])
     es = EvalSet.of(cfg.eval.datasets[0], cfg.data, {}, cfg.eval)
     assert es.temperature == 0  # not the eval.temperature default (0.6)
+
+
+def test_eval_takes_all_prompts_when_the_data_holds_fewer(tmp_path):
+    from infra.rollout.eval_sets import EvalSet
+
+    data = tmp_path / "few.jsonl"
+    data.write_text('{"prompt": "1:", "label": "1"}\n{"prompt": "2:", "label": "2"}\n')
+    cfg = load_config(None, [f"data.eval_path={data}", "eval.num_prompts=64"])
+    assert len(EvalSet.default(cfg.data, {}, cfg.eval).rows) == 2
