@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from infra.model.tokenizer import describe_characters, unknown_characters
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -188,6 +190,11 @@ def prompts_of(
         if chars > max_tokens:
             raise BadRequest(f"text: {chars} characters exceed the request limit of {max_tokens}")
         prompts = [tokenizer.encode(t) for t in texts]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        for text, prompt in zip(texts, prompts, strict=True):
+            if unk is not None and unk in prompt:
+                chars = describe_characters(unknown_characters(tokenizer, text))
+                raise BadRequest(f"text: the model's tokenizer has no token for {chars}")
     else:
         raise BadRequest("input_ids: one of input_ids or text is required")
     total = sum(len(prompt) for prompt in prompts)
