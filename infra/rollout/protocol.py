@@ -153,6 +153,10 @@ def _is_branch_tag(part: object) -> bool:
     return isinstance(part, str) and (part[:1].isupper() or "[" in part)
 
 
+# Errors a 400 lists at most: the first ones say what is wrong, a thousand more say nothing.
+_ERRORS_SHOWN = 8
+
+
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
     errors = exc.errors()
     if any(not _is_branch_tag(e["loc"][-1]) for e in errors):
@@ -167,8 +171,6 @@ def validation_message(exc: RequestValidationError | ValidationError) -> str:
     shown = "; ".join(parts[:_ERRORS_SHOWN])
     return shown if len(parts) <= _ERRORS_SHOWN else f"{shown}; and {len(parts) - _ERRORS_SHOWN} more"
 
-
-_ERRORS_SHOWN = 8
 
 
 def prompts_of(
