@@ -172,7 +172,6 @@ def validation_message(exc: RequestValidationError | ValidationError) -> str:
     return shown if len(parts) <= _ERRORS_SHOWN else f"{shown}; and {len(parts) - _ERRORS_SHOWN} more"
 
 
-
 def prompts_of(
     req: GenerateReq,
     tokenizer: PreTrainedTokenizerBase,
