@@ -187,7 +187,7 @@ def test_the_walk_finds_the_float_and_timeout_fields():
     assert {"rollout.request_timeout_s", "weight_sync.timeout_s", "storage.retry_timeout_s"} <= set(
         TIMEOUT_FIELDS
     )
-    assert len(TIMEOUT_FIELDS) == 7
+    assert len(TIMEOUT_FIELDS) >= 7
 
 
 @pytest.mark.parametrize("path", FLOAT_FIELDS)
