@@ -12,11 +12,26 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RESUME_MODES = ("never", "fresh", "auto")
+# Lowest sampling temperature of a run. The trainer takes logprobs of logits / T; far below
+# this they turn into 0 / -inf (1e-30 gives NaN losses), and the samples of a GRPO group
+# become copies of the greedy answer, with no learning signal. Evaluation may ask for 0.
+MIN_TEMPERATURE = 0.01
 
 
 class _Section(BaseModel):
-    # Unknown keys are typos: reject them instead of silently ignoring a setting.
-    model_config = ConfigDict(extra="forbid")
+    # Unknown keys are typos: reject them instead of silently ignoring a setting. A NaN or
+    # infinite number is never a meaningful setting (an `algorithm.lr=inf` would surface only
+    # as NaN weights at the first save), so every float must be finite.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _greedy_or_tempered(value: float | None, field: str) -> float | None:
+    if value is not None and 0 < value < MIN_TEMPERATURE:
+        raise ValueError(
+            f"{field}={value:g}: use 0 for greedy decoding or at least {MIN_TEMPERATURE:g} "
+            "(below that logprobs at the temperature are 0 or -inf)"
+        )
+    return value
 
 
 class TinyModelConfig(_Section):
@@ -28,6 +43,17 @@ class TinyModelConfig(_Section):
     intermediate_size: int = Field(256, ge=8, description="Width of the MLP.")
     max_position_embeddings: int = Field(64, ge=8, description="Longest prompt plus response, in tokens.")
     seed: int = Field(0, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> TinyModelConfig:
+        # Llama splits the width evenly over the heads, and rotary embeddings rotate pairs
+        # of a head's dimensions, so each head needs an even width.
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(
+                f"model.tiny.num_heads={self.num_heads} must divide model.tiny.hidden_size="
+                f"{self.hidden_size} into heads of an even width"
+            )
+        return self
 
 
 class ModelConfig(_Section):
@@ -58,7 +84,9 @@ class RoleResources(_Section):
 class ClusterConfig(_Section):
     ray_address: str = Field(
         "",
-        description="Empty: start a local Ray cluster. `auto` or `ray://host:port`: join an existing one.",
+        description="Empty: start a local Ray cluster. `auto` or `host:port` (the head's GCS address): "
+        "join an existing one from a node of it. Ray Client (`ray://`) is refused: the driver ships "
+        "this repository's code to the workers as py_modules, which Ray Client does not carry.",
     )
     num_cpus: int | None = Field(
         None, ge=1, description="CPUs a local cluster advertises; default: enough for all roles."
@@ -103,6 +131,17 @@ class ClusterConfig(_Section):
         "this long instead of hanging (the flow itself notices a dead rank at once).",
     )
 
+    @field_validator("ray_address")
+    @classmethod
+    def _no_ray_client(cls, value: str) -> str:
+        if "://" in value:
+            raise ValueError(
+                f"cluster.ray_address={value!r}: Ray Client (ray://) and other URL schemes are not "
+                "supported, because the driver ships code to the workers as py_modules; run the flow "
+                "on a node of the cluster with `auto` or the head's `host:port`"
+            )
+        return value
+
     @field_validator("trainer", "critic", mode="before")
     @classmethod
     def _two_ranks_by_default(cls, value: object) -> object:
@@ -115,14 +154,26 @@ class ClusterConfig(_Section):
 
 class SamplingConfig(_Section):
     temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature; logprobs are taken at this temperature."
+        1.0,
+        ge=MIN_TEMPERATURE,
+        description=f"Sampling temperature, at least {MIN_TEMPERATURE:g} (greedy rollouts give a group "
+        "no signal); logprobs are taken at this temperature.",
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(-1, description="Keep the k most likely tokens; -1 keeps all.")
+    top_k: int = Field(
+        -1, ge=-1, description="Keep the k most likely tokens; -1 keeps all (0 is refused, as by SGLang)."
+    )
     max_new_tokens: int = Field(1, ge=1, description="Longest response, in tokens.")
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Strings (single tokens) that end a response."
     )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off_or_positive(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("rollout.sampling.top_k=0 keeps no token; use -1 to keep all, or k >= 1")
+        return value
 
 
 class RolloutConfig(_Section):
@@ -265,14 +316,14 @@ class DataConfig(_Section):
         ge=0,
         le=1,
         description="Stop the run with an error when more than this share of a rollout's samples "
-        "failed (reward raised, timed out or returned no finite number), instead of training on zeros.",
+        "failed (reward raised, timed out or returned no finite number or one beyond +-1e6), instead of training on zeros.",
     )
 
 
 class AlgorithmConfig(_Section):
     lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas, each in [0, 1).")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
@@ -372,6 +423,13 @@ class AlgorithmConfig(_Section):
             self.advantage_estimator, "token-mean"
         )
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError(f"algorithm.betas={list(value)}: each must lie in [0, 1) (AdamW)")
+        return value
+
     @model_validator(mode="after")
     def _coherent(self) -> AlgorithmConfig:
         est = self.advantage_estimator
@@ -446,7 +504,9 @@ class WeightSyncConfig(_Section):
 
 
 class StorageConfig(_Section):
-    uri: str = Field("runs", description="Where runs live: a local folder or s3://bucket/prefix.")
+    uri: str = Field(
+        "runs", description="Where runs live: a local folder (`.` for the current one) or s3://bucket/prefix."
+    )
     endpoint_url: str | None = Field(None, description="S3 endpoint (else AWS_ENDPOINT_URL or AWS default).")
     region: str | None = Field(None, description="S3 region (else AWS_REGION / AWS_DEFAULT_REGION).")
     profile: str | None = Field(
@@ -456,8 +516,18 @@ class StorageConfig(_Section):
         60.0,
         ge=0,
         description="How long one storage operation is retried (with backoff) while the endpoint is "
-        "unreachable or erroring, before the run fails.",
+        "unreachable or erroring, before the run fails. 0: one attempt, no retries.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_named(cls, value: str) -> str:
+        # an empty URI would silently put the runs into whatever directory the flow started in
+        if not value.strip():
+            raise ValueError(
+                "storage.uri is empty: name a local folder (`.` for the current one) or s3://..."
+            )
+        return value
 
 
 class CheckpointConfig(_Section):
@@ -496,27 +566,44 @@ class EvalDataset(_Section):
     )
     n_samples: int | None = Field(None, ge=1, description="Samples per prompt; default: eval.n_samples.")
     temperature: float | None = Field(
-        None, gt=0, description="Sampling temperature; default: eval.temperature."
+        None,
+        ge=0,
+        description=f"Sampling temperature (0: greedy, else at least {MIN_TEMPERATURE:g}); default: "
+        "eval.temperature.",
     )
     max_new_tokens: int | None = Field(
         None, ge=1, description="Longest response; default: rollout.sampling.max_new_tokens."
     )
     reward: str | None = Field(None, description="Reward of this set (as data.reward); default: data.reward.")
 
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float | None) -> float | None:
+        return _greedy_or_tempered(value, "eval.datasets[].temperature")
+
 
 class EvalConfig(_Section):
     interval: int | None = Field(
         10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
     )
-    num_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
+    num_prompts: int = Field(
+        64, ge=1, description="Held-out prompts per evaluation (all of them when the eval data holds fewer)."
+    )
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
-    temperature: float = Field(0.6, gt=0, description="Eval sampling temperature.")
+    temperature: float = Field(
+        0.6, ge=0, description=f"Eval sampling temperature (0: greedy, else at least {MIN_TEMPERATURE:g})."
+    )
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values of the reported pass@k.")
     datasets: list[EvalDataset] = Field(
         default_factory=list,
         description="Several eval sets, each with its own settings and metrics. Empty: one set, "
         "data.eval_path, reported as eval_reward_mean / eval_pass@k.",
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float) -> float:
+        return _greedy_or_tempered(value, "eval.temperature")
 
     @model_validator(mode="after")
     def _k_fits(self) -> EvalConfig:

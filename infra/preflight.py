@@ -1,9 +1,10 @@
 """Everything about a run that can be checked before any actor starts, checked then.
 
 `preflight(cfg)` runs in the flow before `RLSystem` starts anything: the reward plug-in
-imports (where the Ray workers will import it too), the data files exist and hold the
-configured columns, the model directory loads, every prompt plus max_new_tokens fits the
-model's positions, storage answers and is writable, and the run folder may be used as
+imports (where the Ray workers will import it too), the data files exist, hold the
+configured columns and at least one batch of prompts, the model directory loads, every
+character of every prompt has a token, every prompt plus max_new_tokens fits the model's
+positions, storage answers and is writable, and the run folder may be used as
 `checkpoint.resume` asks. Each failure is a `PreflightError` naming the field or file.
 Only when every check passed does `resume=fresh` delete the old outputs.
 """
@@ -56,9 +57,11 @@ def preflight(cfg: RunConfig) -> Preflight:
         rows[f"{where}.path"] = _check(f"{where}.path", lambda d=d: _rows(cfg, d.path, "eval"))
         if d.reward:
             _check(f"{where}.reward", lambda d=d: check_reward(d.reward))
+    check_batch_fits(cfg, len(rows["data.train_path"]))
     tokenizer, positions = _check("model.path", lambda: load_tokenizer(cfg, store))
     if tokenizer is not None:
         check_stop_tokens(cfg, tokenizer)
+        check_characters(cfg, tokenizer, rows)
         check_lengths(cfg, tokenizer, positions, rows)
     _check("storage.uri", lambda: check_writable(store))
     _check("checkpoint.resume", lambda: refuse_if_used(cfg, store))
@@ -157,6 +160,46 @@ def load_tokenizer(cfg: RunConfig, store: RunStore):
         raise PreflightError(f"model.path: {path} does not load as an HF model: {e}") from e
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return tokenizer, positions
+
+
+def check_batch_fits(cfg: RunConfig, num_prompts: int) -> None:
+    """One batch draws distinct prompts: a batch larger than the data would hold the same
+    prompt twice (and every epoch end would fall inside a batch)."""
+    batch = cfg.rollout.prompts_per_rollout
+    if batch > num_prompts:
+        raise PreflightError(
+            f"rollout.prompts_per_rollout={batch} exceeds the {num_prompts} prompts of data.train_path "
+            f"({cfg.data.train_path}): a batch would hold a prompt twice; lower it or add prompts"
+        )
+
+
+def check_characters(cfg: RunConfig, tokenizer, rows: dict[str, list[dict]]) -> None:
+    """Every character of every prompt has a token: a tokenizer with an unknown token (the
+    built-in character one knows printable ASCII only) would silently train on `<unk>`."""
+    if getattr(tokenizer, "unk_token_id", None) is None:
+        return
+    unk = tokenizer.unk_token_id
+    system = cfg.data.system_prompt or ""
+    if missing := tokenizers.unknown_characters(tokenizer, system):
+        raise PreflightError(
+            f"data.system_prompt: the model's tokenizer has no token for "
+            f"{tokenizers.describe_characters(missing)}"
+        )
+    for name, table in rows.items():
+        texts = [r["prompt"] if isinstance(r["prompt"], str) else "".join(m["content"] for m in r["prompt"])
+                 for r in table]  # fmt: skip
+        if not texts:
+            continue
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # one batched call
+        for i, (text, ids) in enumerate(zip(texts, encoded, strict=True)):
+            if unk not in ids:
+                continue
+            chars = tokenizers.unknown_characters(tokenizer, text)
+            raise PreflightError(
+                f"{name}: row {i}: the model's tokenizer has no token for "
+                f"{tokenizers.describe_characters(chars)} (the built-in tiny model's tokenizer knows "
+                "printable ASCII and newline only)"
+            )
 
 
 def check_stop_tokens(cfg: RunConfig, tokenizer) -> None:

@@ -42,7 +42,11 @@ def load_rows(path: str, prompt_key: str, label_key: str, storage_options: dict)
                 raise ValueError(f"column {key!r} missing in {path} (row {i}); columns: {sorted(record)}")
             if _is_null(record[key]):
                 raise ValueError(f"column {key!r} is empty in {path} (row {i})")
-        rows.append({"prompt": _prompt(record[prompt_key], path, i), "label": str(record[label_key])})
+        prompt = _prompt(record[prompt_key], path, i)
+        if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+            # the model would be asked to continue nothing: a broken row, not a task
+            raise ValueError(f"column {prompt_key!r} holds an empty prompt in {path} (row {i})")
+        rows.append({"prompt": prompt, "label": str(record[label_key])})
     return rows
 
 

@@ -31,6 +31,11 @@ __all__ = ["REWARDS", "batch_reward", "group_reward", "resolve_reward", "score"]
 
 RewardFn = Callable[..., float]
 
+# Largest reward magnitude taken as a reward. Beyond it a value is a bug (an overflow, a
+# sentinel), not a score, and it would overflow the advantages: the group mean of two
+# rewards of 1e308 is already inf. Such a sample fails like one whose reward raised.
+MAX_ABS_REWARD = 1e6
+
 # End-of-sequence texts a detokenized response may end with; they are not part of the answer.
 EOS_TEXTS = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -157,12 +162,30 @@ class RewardResult:
     error: str = ""
 
 
-def _result(value: object) -> RewardResult:
+def reward_name(fn: RewardFn) -> str:
+    """How errors name a reward: its service URL, or `module:function`."""
+    if isinstance(getattr(fn, "url", None), str):
+        return fn.url
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', None) or '?'}:{name}"
+
+
+def _result(value: object, name: str) -> RewardResult:
     if isinstance(value, BaseException):
         return RewardResult(0.0, "failed", f"{type(value).__name__}: {value}")
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        return RewardResult(0.0, "failed", f"reward must be a finite number, got {value!r}")
-    return RewardResult(float(value))
+    if not isinstance(value, numbers.Real):  # a bool counts as 0 or 1
+        return RewardResult(0.0, "failed", f"reward {name} must return a finite number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > MAX_ABS_REWARD:
+        return RewardResult(
+            0.0,
+            "failed",
+            f"reward {name} returned {value!r}: rewards must be finite numbers within +-{MAX_ABS_REWARD:g}",
+        )
+    return RewardResult(number)
 
 
 class RewardTimeout(TimeoutError):
@@ -182,7 +205,7 @@ def score(
     reward is called once per `groups` id, a batch reward once for all items."""
     if scope_of(fn) != "sample":
         values = score_lists(fn, items, groups or [0] * len(items), timeout_s, **kw)
-        return [_result(v) for v in values]
+        return [_result(v, reward_name(fn)) for v in values]
     if timeout_s is None:
         values = [_call(fn, item, kw) for item in items]
     else:
@@ -191,7 +214,8 @@ def score(
     if pending:
         for i, value in zip(pending, _run_all(list(pending.values()), timeout_s), strict=True):
             values[i] = value
-    return [_result(v) for v in values]
+    name = reward_name(fn)
+    return [_result(v, name) for v in values]
 
 
 def _call(fn: RewardFn, item: tuple[str, str, str], kw: dict) -> object:

@@ -38,3 +38,22 @@ def load_tokenizer(path: str, **kwargs: Any) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def unknown_characters(tokenizer: Any, text: str) -> list[str]:
+    """The characters of `text` that `tokenizer` can only write as its unknown token, in
+    order of first appearance: none for byte-level tokenizers, any character outside
+    printable ASCII for the built-in tiny model's character tokenizer."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    found: list[str] = []
+    for char in dict.fromkeys(text):
+        if unk in tokenizer.encode(char, add_special_tokens=False):
+            found.append(char)
+    return found
+
+
+def describe_characters(chars: list[str]) -> str:
+    """`'é' (U+00E9), '\\t' (U+0009)`: readable even for invisible characters."""
+    return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars)

@@ -8,6 +8,8 @@ and a sample's weight version is exact.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 
@@ -20,6 +22,33 @@ from infra.rollout.protocol import BadRequest
 from infra.rollout.sampling import SampleOut, sample_batch
 from infra.weights.buckets import FLATTENED_BUCKET
 from infra.weights.group import broadcast, broadcast_async, close_update_group, open_update_group
+
+
+class GroupJoinTimeout(RuntimeError):
+    """A weight-update group's master did not accept a connection within the group timeout."""
+
+
+def wait_for_master(address: str, port: int, timeout_s: float, group: str) -> None:
+    """Return once `address:port` (trainer rank 0's store) accepts a TCP connection.
+
+    torch's store client retries a dead master for about twice its timeout and then names
+    neither the group nor its role; here the join fails within `timeout_s`, saying whom it
+    waited for. The master may start listening a little after the engines are asked to
+    join, so refused connections are retried until the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((address, port), timeout=max(0.1, min(left, 5.0))).close()
+            return
+        except OSError as exc:
+            if time.monotonic() + 0.2 >= deadline:
+                raise GroupJoinTimeout(
+                    f"master_address: weight-update group {group!r}: the master {address}:{port} did not "
+                    f"accept a connection within the group timeout of {timeout_s:g} s "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            time.sleep(0.2)
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -149,10 +178,24 @@ class EngineState:
     ) -> None:
         if name in self.groups:
             raise BadRequest(f"group_name: weight-update group {name!r} already exists")
-        # Blocks until every rank (trainer rank 0 included) has joined.
-        group = open_update_group(
-            address, port, rank, world_size, group_name=name, timeout_s=self.group_timeout_s, backend=backend
-        )
+        # refused before waiting for the master: no wait can fix these
+        if backend == "nccl" and not torch.distributed.is_nccl_available():
+            raise BadRequest("backend: nccl is not available in this torch build (CPU only); use gloo")
+        if not 0 <= rank < world_size:
+            raise BadRequest(f"rank_offset: {rank} is outside the group of {world_size}")
+        started = time.monotonic()
+        wait_for_master(address, port, self.group_timeout_s, name)
+        left = max(1.0, self.group_timeout_s - (time.monotonic() - started))
+        try:
+            # Blocks until every rank (trainer rank 0 included) has joined.
+            group = open_update_group(
+                address, port, rank, world_size, group_name=name, timeout_s=left, backend=backend
+            )
+        except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError among them
+            raise RuntimeError(
+                f"weight-update group {name!r}: joining master {address}:{port} as rank {rank} of "
+                f"{world_size} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         self.groups[name] = (group, backend)
 
     def close_group(self, name: str) -> None:
@@ -250,12 +293,15 @@ class EngineState:
 
     def update_from_disk(self, model_path: str, version: str | None) -> str | None:
         dtype = next(self.model.parameters()).dtype
+        if not os.path.isfile(os.path.join(model_path, "config.json")):
+            # checked first: from_pretrained would take a non-directory for a hub name
+            return f"model_path: {model_path!r} is not an HF model directory (no config.json in it)"
         with self.lock:
             self.require_resident()
             try:
                 fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            except OSError as exc:  # no such directory, or not an HF model directory
-                return f"model_path: cannot load {model_path!r}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad directory
+                return f"model_path: cannot load {model_path!r}: {type(exc).__name__}: {exc}"
             error = self._load(fresh.state_dict(), version)
             if error is None:
                 self.model_path = model_path

@@ -31,7 +31,7 @@ class EvalSet:
             d.name,
             rows[: d.num_prompts or e.num_prompts],
             d.n_samples or e.n_samples,
-            d.temperature or e.temperature,
+            e.temperature if d.temperature is None else d.temperature,  # 0 is greedy
             d.max_new_tokens,
             resolve_reward(d.reward, data) if d.reward else None,
         )

@@ -1,5 +1,5 @@
-"""Guards of the built-in engine server: the per-run API key, and the generation progress
-that /health reports (see infra/rollout/server.py)."""
+"""Guards of the built-in engine server: the per-run API key, the request body size, and
+the generation progress that /health reports (see infra/rollout/server.py)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,58 @@ class RequireKey:
                 )
                 return
         await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Plain ASGI middleware: a request body over `max_bytes` gets 413 before anything parses
+    it (JSON decoding and validation run on the event loop, where /health answers too).
+
+    A body declared too large by Content-Length is refused unread; a chunked one is counted
+    as it arrives. The rest of a refused body is read and dropped, up to `drain_bytes`, so
+    the client, still sending, receives the 413 instead of a reset connection.
+    """
+
+    def __init__(self, app, max_bytes: int, drain_bytes: int = 256 * 2**20) -> None:
+        self.app, self.max_bytes, self.drain_bytes = app, max_bytes, drain_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                await self._refuse(f"{int(declared)} bytes", scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # no length given: buffer the body (at most max_bytes) and replay it to the app
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await self._refuse(f"more than {self.max_bytes} bytes", scope, receive, send, more)
+                return
+            if not more:
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, size: str, scope, receive, send, more: bool = True) -> None:
+        drained = 0
+        while more and drained < self.drain_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            drained += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        message = f"request body: {size} exceed the engine's limit of {self.max_bytes} (--max-request-mb)"
+        await JSONResponse({"success": False, "message": message}, status_code=413)(scope, receive, send)

@@ -9,10 +9,12 @@ learn that its samples would differ, not get them silently.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from infra.model.tokenizer import describe_characters, unknown_characters
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -24,6 +26,26 @@ class BadRequest(ValueError):
     """A request the engine rejects (HTTP 400); the message names the offending field."""
 
 
+# Sequences one /generate may ask for (inputs x n): one batch holds them all in memory.
+MAX_SEQUENCES = 4096
+# Prompt tokens one /generate may carry, all inputs together (--max-request-tokens).
+MAX_REQUEST_TOKENS = 2**19
+# Bytes of a JSON request body per token of an input (a 6-digit id, comma and space), and
+# per sequence for its sampling parameters and rid.
+_BYTES_PER_TOKEN, _BYTES_PER_SEQUENCE = 8, 512
+
+
+def default_body_limit(max_request_tokens: int) -> int:
+    """The largest request body a request within the token and sequence limits can need
+    (6 MiB for the default token limit); anything larger is refused unread (413)."""
+    return max_request_tokens * _BYTES_PER_TOKEN + MAX_SEQUENCES * _BYTES_PER_SEQUENCE
+
+
+# Long lists stop validating at their first bad item: one error, not one per item (a
+# million bad ids would build a million error records while the event loop waits).
+Ids = Annotated[list[int], Field(fail_fast=True)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -32,8 +54,8 @@ class SamplingParams(_Body):
     max_new_tokens: int = Field(128, ge=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    stop_token_ids: list[int] | None = None
+    top_k: int = Field(-1, ge=-1)
+    stop_token_ids: Ids | None = None
     # single-token strings only: the engine matches tokens, not text
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1024)
@@ -43,16 +65,25 @@ class SamplingParams(_Body):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
 
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0:  # as SGLang: -1 turns top-k off, 0 would keep no token
+            raise ValueError("must be -1 (all tokens) or at least 1")
+        return value
+
 
 class GenerateReq(_Body):
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    text: str | Annotated[list[str], Field(fail_fast=True)] | None = None
+    input_ids: Ids | Annotated[list[Ids], Field(fail_fast=True)] | None = None
     # one for all inputs, or one per input (as SGLang: then each may carry its own seed)
-    sampling_params: SamplingParams | list[SamplingParams] = Field(default_factory=SamplingParams)
+    sampling_params: SamplingParams | Annotated[list[SamplingParams], Field(fail_fast=True)] = Field(
+        default_factory=SamplingParams
+    )
     return_logprob: bool = False
     # accepted for compatibility; only response-token logprobs are returned
     logprob_start_len: int = -1
-    rid: str | list[str] | None = None
+    rid: str | Annotated[list[str], Field(fail_fast=True)] | None = None
     stream: bool = False
 
 
@@ -66,9 +97,9 @@ class InitGroupReq(_Body):
 
 
 class UpdateFromDistributedReq(_Body):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
+    names: Annotated[list[str], Field(fail_fast=True)]
+    dtypes: Annotated[list[str], Field(fail_fast=True)]
+    shapes: Annotated[list[Ids], Field(fail_fast=True)]
     group_name: str = "weight_update_group"
     flush_cache: bool = True
     weight_version: str | None = None
@@ -122,6 +153,10 @@ def _is_branch_tag(part: object) -> bool:
     return isinstance(part, str) and (part[:1].isupper() or "[" in part)
 
 
+# Errors a 400 lists at most: the first ones say what is wrong, a thousand more say nothing.
+_ERRORS_SHOWN = 8
+
+
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
     errors = exc.errors()
     if any(not _is_branch_tag(e["loc"][-1]) for e in errors):
@@ -132,32 +167,46 @@ def validation_message(exc: RequestValidationError | ValidationError) -> str:
     for err in errors:
         field = ".".join(str(x) for x in err["loc"] if x != "body" and not _is_branch_tag(x)) or "body"
         parts.append(f"{field}: {err['msg']}")
-    return "; ".join(dict.fromkeys(parts))
+    parts = list(dict.fromkeys(parts))
+    shown = "; ".join(parts[:_ERRORS_SHOWN])
+    return shown if len(parts) <= _ERRORS_SHOWN else f"{shown}; and {len(parts) - _ERRORS_SHOWN} more"
 
 
 def prompts_of(
-    req: GenerateReq, tokenizer: PreTrainedTokenizerBase, vocab_size: int
+    req: GenerateReq,
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+    max_tokens: int = MAX_REQUEST_TOKENS,
 ) -> tuple[list[list[int]], bool]:
-    """The request's prompts as token ids, and whether it was a single (non-batch) input."""
+    """The request's prompts as token ids, and whether it was a single (non-batch) input.
+    At most `max_tokens` prompt tokens in all; text is refused by its length before it is
+    tokenized (more than `max_tokens` characters), since tokenizing is the costly part."""
     if req.input_ids is not None:
         single = not req.input_ids or isinstance(req.input_ids[0], int)
         prompts = [req.input_ids] if single else req.input_ids
     elif req.text is not None:
         single = isinstance(req.text, str)
         texts = [req.text] if single else req.text
+        chars = sum(len(t) for t in texts)
+        if chars > max_tokens:
+            raise BadRequest(f"text: {chars} characters exceed the request limit of {max_tokens}")
         prompts = [tokenizer.encode(t) for t in texts]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        for text, prompt in zip(texts, prompts, strict=True):
+            if unk is not None and unk in prompt:
+                chars = describe_characters(unknown_characters(tokenizer, text))
+                raise BadRequest(f"text: the model's tokenizer has no token for {chars}")
     else:
         raise BadRequest("input_ids: one of input_ids or text is required")
+    total = sum(len(prompt) for prompt in prompts)
+    if total > max_tokens:
+        raise BadRequest(f"input_ids: {total} prompt tokens exceed the request limit of {max_tokens}")
     for prompt in prompts:
         if not prompt:
             raise BadRequest("input_ids: empty prompt")
         if not all(0 <= t < vocab_size for t in prompt):
             raise BadRequest(f"input_ids: token ids must lie in [0, {vocab_size})")
     return prompts, single
-
-
-# Sequences one /generate may ask for (inputs x n): one batch holds them all in memory.
-MAX_SEQUENCES = 4096
 
 
 def check_limits(sp: SamplingParams, n: int, prompts: list[list[int]], max_positions: int | None) -> None:

@@ -3,7 +3,7 @@ system uses, with SGLang 0.5.x field names, so the rollout and weight-sync code 
 same against this server and against `sglang.launch_server` on GPUs.
 
     python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
-        [--weight-update-session on|off]
+        [--weight-update-session on|off] [--max-request-tokens N] [--max-request-mb MB]
 
 `--weight-update-session on` (default) speaks SGLang >= 0.5.23: distributed weight updates
 are refused outside `/begin_weight_update` ... `/end_weight_update`. `off` speaks SGLang
@@ -12,8 +12,11 @@ are refused outside `/begin_weight_update` ... `/end_weight_update`. `off` speak
 It binds loopback unless told otherwise, reads models from local paths only (the hub is
 switched off), and with an API key (env PRL_ENGINE_API_KEY, SGLang's `--api-key` scheme:
 `Authorization: Bearer <key>`) answers only requests that carry it. A request the model
-cannot serve (too long, too many sequences) gets a 400 naming the field; a client that
-hangs up cancels its generation; /health turns 503 when generation stops making progress.
+cannot serve (too long, too many sequences, more prompt tokens than --max-request-tokens)
+gets a 400 naming the field, and a body over --max-request-mb a 413 before it is parsed; a
+client that hangs up cancels its generation; /health turns 503 when generation stops
+making progress. A weight-group join whose master does not answer within the group
+timeout fails with a 504 naming the master's address.
 
 SGLang's `update_weights_from_tensor` is deliberately absent: its payload is pickled, and
 this server never unpickles anything that arrives over the network. Weights come by
@@ -39,8 +42,8 @@ from pydantic import ValidationError
 
 from infra.rollout import protocol as p
 from infra.rollout.client import API_KEY_ENV, TIMINGS_HEADER
-from infra.rollout.engine_state import EngineState
-from infra.rollout.guards import BeatingFlag, Progress, RequireKey
+from infra.rollout.engine_state import EngineState, GroupJoinTimeout
+from infra.rollout.guards import BeatingFlag, BodyLimit, Progress, RequireKey
 from infra.rollout.protocol import BadRequest
 
 
@@ -48,13 +51,22 @@ def _fail(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
-def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 120.0) -> FastAPI:
+def create_app(
+    state: EngineState,
+    api_key: str | None = None,
+    stall_s: float = 120.0,
+    max_request_tokens: int = p.MAX_REQUEST_TOKENS,
+    max_body_bytes: int | None = None,
+) -> FastAPI:
+    """The server's routes; `max_body_bytes` None: `protocol.default_body_limit`."""
     app = FastAPI(title="prefect-rl built-in engine")
     running = asyncio.Event()  # cleared by /pause_generation: new requests wait
     running.set()
-    # Generation has its own threads: weight-group joins blocked on absent peers (which
-    # use the default pool) can never starve it.
+    # Generation has its own threads, and so do weight-group joins: a join blocked on an
+    # absent peer holds its thread for up to the group timeout, and a dozen of them must
+    # starve neither generation nor the other routes (which use the default pool).
     gen_pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
+    join_pool = ThreadPoolExecutor(4, thread_name_prefix="group-join")
     progress = Progress()
     max_positions = getattr(state.model.config, "max_position_embeddings", None)
 
@@ -81,6 +93,8 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
 
     if api_key:
         app.add_middleware(RequireKey, api_key=api_key)
+    # added last, so it runs first: an oversized body is refused before anything else
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or p.default_body_limit(max_request_tokens))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -89,6 +103,10 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
     @app.exception_handler(BadRequest)
     async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
         return _fail(str(exc))
+
+    @app.exception_handler(GroupJoinTimeout)
+    async def _unreachable(_: Request, exc: GroupJoinTimeout) -> JSONResponse:
+        return _fail(str(exc), 504)
 
     @app.exception_handler(RuntimeError)
     async def _broken(_: Request, exc: RuntimeError) -> JSONResponse:
@@ -103,7 +121,11 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
     async def generate(req: p.GenerateReq, request: Request):
         if req.stream:
             raise BadRequest("stream: streaming is not supported by the built-in engine")
-        prompts, single = p.prompts_of(req, state.tokenizer, state.model.config.vocab_size)
+        # tokenizing long text takes a while: off the event loop (/health answers there), in
+        # generation's own threads (hung group joins may hold all of the default ones)
+        prompts, single = await asyncio.get_running_loop().run_in_executor(
+            gen_pool, p.prompts_of, req, state.tokenizer, state.model.config.vocab_size, max_request_tokens
+        )
         sps = p.sampling_params_of(req, len(prompts))
         sp, n = p.shared_params(sps), sps[0].n
         p.check_limits(sp, n, prompts, max_positions)
@@ -147,7 +169,7 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
             req.world_size,
             req.backend,
         )
-        await asyncio.to_thread(state.open_group, *args)
+        await asyncio.get_running_loop().run_in_executor(join_pool, state.open_group, *args)
         return {"success": True, "message": f"joined group {req.group_name!r} as rank {req.rank_offset}"}
 
     if state.session:
@@ -235,7 +257,12 @@ def create_app(state: EngineState, api_key: str | None = None, stall_s: float = 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(request: Request):
         # SGLang reads a JSON body even on GET; query parameters are accepted too.
-        body = await request.json() if await request.body() else dict(request.query_params)
+        try:
+            body = orjson.loads(raw) if (raw := await request.body()) else dict(request.query_params)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"body: not valid JSON ({exc})") from exc
+        if not isinstance(body, dict):
+            raise BadRequest(f"body: a JSON object with name and truncate_size, got {type(body).__name__}")
         try:
             req = p.WeightsByNameReq.model_validate(body)
         except ValidationError as exc:
@@ -281,6 +308,19 @@ def main(argv: list[str] | None = None) -> None:
         help="how long a weight-update group join or broadcast waits for its peers",
     )
     parser.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=p.MAX_REQUEST_TOKENS,
+        help="prompt tokens (or text characters) one /generate may carry, all inputs together",
+    )
+    parser.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=None,
+        help="largest request body, in MiB, refused with 413 before parsing; default: what "
+        "--max-request-tokens and the sequence limit need (6 MiB for the default)",
+    )
+    parser.add_argument(
         "--weight-update-session",
         choices=["on", "off"],
         default="on",
@@ -300,7 +340,14 @@ def main(argv: list[str] | None = None) -> None:
         args.weight_update_session == "on",
         group_timeout_s=args.group_timeout_s,
     )
-    app = create_app(state, api_key=api_key, stall_s=args.health_stall_s)
+    max_body = int(args.max_request_mb * 2**20) if args.max_request_mb else None
+    app = create_app(
+        state,
+        api_key=api_key,
+        stall_s=args.health_stall_s,
+        max_request_tokens=args.max_request_tokens,
+        max_body_bytes=max_body,
+    )
     try:
         # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)

@@ -12,7 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are POSIX")
+pytestmark = [
+    pytest.mark.flow,
+    pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are POSIX"),
+]
 
 # In a child process: a clean Prefect environment (no API configured, its own database).
 PROBE = textwrap.dedent(

@@ -32,6 +32,8 @@ from infra.cluster.control_workers import (
 )
 from tests.processes import alive
 
+pytestmark = pytest.mark.flow
+
 
 def stamp(seconds: float) -> tuple[int, float, float]:
     """(pid, start, end) of a call that sleeps `seconds` on a control worker."""

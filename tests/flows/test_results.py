@@ -14,6 +14,8 @@ from flows.results import RunResultStorage, persisted
 from infra.config import RunConfig
 from infra.storage.fs import RunStore
 
+pytestmark = pytest.mark.flow
+
 
 @task(name="double")
 def double(x: int) -> int:

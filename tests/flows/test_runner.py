@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from uuid import uuid4
 
+import pytest
 import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
@@ -35,6 +36,7 @@ from flows.prefect_api import SERVER_NICENESS
 from flows.reporting import wait_reported
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 
+pytestmark = pytest.mark.flow
 MARK = "written-on-a-ray-worker"
 
 

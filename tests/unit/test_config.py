@@ -161,3 +161,132 @@ def test_estimator_defaults_and_derived_settings():
         {"num_rollout": 5, "algorithm": {"global_batch_size": 256, "ppo_epochs": 3}}
     )
     assert cfg.total_optimizer_steps == 5 * (1024 // 256) * 3
+
+
+def _leaf_fields(model: type, prefix: str = "") -> list[tuple[str, object]]:
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _leaf_fields(ann, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", field))
+    return out
+
+
+def _takes_float(field) -> bool:
+    text = str(field.annotation)
+    return "float" in text and "dict" not in text and "tuple" not in text
+
+
+FLOAT_FIELDS = [path for path, field in _leaf_fields(RunConfig) if _takes_float(field)]
+TIMEOUT_FIELDS = [path for path, _ in _leaf_fields(RunConfig) if path.endswith("timeout_s")]
+
+
+def test_the_walk_finds_the_float_and_timeout_fields():
+    assert "algorithm.lr" in FLOAT_FIELDS and "rollout.sampling.temperature" in FLOAT_FIELDS
+    assert len(FLOAT_FIELDS) > 25
+    assert {"rollout.request_timeout_s", "weight_sync.timeout_s", "storage.retry_timeout_s"} <= set(
+        TIMEOUT_FIELDS
+    )
+    assert len(TIMEOUT_FIELDS) >= 7
+
+
+@pytest.mark.parametrize("path", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "inf", "nan"])
+def test_non_finite_numbers_are_refused_everywhere(path, value):
+    with pytest.raises(ValidationError, match=rf"(?s){path}.*finite number"):
+        load_config(None, [f"{path}={value}"])
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("algorithm.betas=[0.9, .inf]", "algorithm.betas"),
+        ("cluster.engines.resources={node: .nan}", "cluster.engines.resources.node"),
+        ("rollout.sglang_args={mem_fraction_static: .inf}", "rollout.sglang_args.mem_fraction_static"),
+    ],
+)
+def test_non_finite_numbers_inside_containers_are_refused(override, field):
+    with pytest.raises(ValidationError, match=rf"(?s){field}.*finite number"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("path", TIMEOUT_FIELDS)
+def test_timeouts_must_be_positive(path):
+    with pytest.raises(ValidationError, match=path):
+        load_config(None, [f"{path}=-1"])
+    if path == "storage.retry_timeout_s":
+        # documented: 0 is one attempt, no retries
+        assert load_config(None, [f"{path}=0"]).storage.retry_timeout_s == 0
+    else:
+        with pytest.raises(ValidationError, match=rf"(?s){path}.*greater than 0"):
+            load_config(None, [f"{path}=0"])
+
+
+def test_zero_storage_retry_time_means_one_attempt():
+    from infra.storage.retry import StorageUnavailable, with_retries
+
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise ConnectionError("endpoint down")
+
+    with pytest.raises(StorageUnavailable, match="1 attempts"):
+        with_retries(down, "read x", 0)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("storage.uri=", "storage.uri is empty"),
+        ("storage.uri='  '", "storage.uri is empty"),
+        ("rollout.sampling.temperature=1e-30", "rollout.sampling.temperature"),
+        ("rollout.sampling.temperature=0", "rollout.sampling.temperature"),
+        ("eval.temperature=1e-30", "eval.temperature=1e-30: use 0 for greedy"),
+        ("eval.datasets=[{name: a, path: 'builtin:digit-copy', temperature: 0.001}]", "use 0 for greedy"),
+        ("rollout.sampling.top_k=0", "top_k=0 keeps no token"),
+        ("rollout.sampling.top_k=-2", "rollout.sampling.top_k"),
+        ("cluster.ray_address=ray://host:10001", "Ray Client"),
+        ("cluster.ray_address=http://host:8265", "py_modules"),
+        ("model.tiny.num_heads=3", "num_heads=3 must divide model.tiny.hidden_size=64"),
+        ("model.tiny.hidden_size=96 && model.tiny.num_heads=32", "heads of an even width"),  # width 3
+        ("algorithm.betas=[0.9, 1.0]", "algorithm.betas"),
+        ("algorithm.betas=[-0.1, 0.9]", "algorithm.betas"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(override, message):
+    with pytest.raises(ValidationError, match=message):
+        load_config(None, override.split(" && "))
+
+
+def test_documented_meanings_of_edge_values():
+    assert load_config(None, ["eval.temperature=0"]).eval.temperature == 0  # greedy
+    sets = load_config(None, ["eval.datasets=[{name: g, path: 'builtin:digit-copy', temperature: 0}]"])
+    assert sets.eval.datasets[0].temperature == 0
+    assert load_config(None, ["rollout.sampling.top_k=-1"]).rollout.sampling.top_k == -1
+    assert load_config(None, ["rollout.sampling.temperature=0.01"]).rollout.sampling.temperature == 0.01
+    assert load_config(None, ["storage.uri=."]).storage.uri == "."
+    assert load_config(None, ["cluster.ray_address=10.0.0.1:6379"]).cluster.ray_address == "10.0.0.1:6379"
+    assert load_config(None, ["model.tiny.num_heads=32"]).model.tiny.num_heads == 32  # head width 2
+
+
+def test_a_greedy_eval_dataset_keeps_temperature_zero():
+    from infra.rollout.eval_sets import EvalSet
+
+    cfg = load_config(None, ["eval.datasets=[{name: g, path: 'builtin:digit-copy', temperature: 0}]"])
+    es = EvalSet.of(cfg.eval.datasets[0], cfg.data, {}, cfg.eval)
+    assert es.temperature == 0  # not the eval.temperature default (0.6)
+
+
+def test_eval_takes_all_prompts_when_the_data_holds_fewer(tmp_path):
+    from infra.rollout.eval_sets import EvalSet
+
+    data = tmp_path / "few.jsonl"
+    data.write_text('{"prompt": "1:", "label": "1"}\n{"prompt": "2:", "label": "2"}\n')
+    cfg = load_config(None, [f"data.eval_path={data}", "eval.num_prompts=64"])
+    assert len(EvalSet.default(cfg.data, {}, cfg.eval).rows) == 2

@@ -113,7 +113,7 @@ def test_lengths_fit_the_model_positions(tmp_path):
         tmp_path / "long.jsonl", [{"prompt": "1:", "label": "1"}, {"prompt": "7" * 201, "label": "7"}]
     )
     fails(
-        cfg(tmp_path, data__train_path=long),
+        cfg(tmp_path, data__train_path=long, rollout__prompts_per_rollout=2),
         r"data.train_path: row 1 has a prompt of 201 tokens.*64 positions",
         tmp_path / "runs",
     )
@@ -123,6 +123,50 @@ def test_lengths_fit_the_model_positions(tmp_path):
         tmp_path / "runs",
     )
     fails(cfg(tmp_path, rollout__sampling__stop=["ab"]), r"rollout.sampling.stop: 'ab' is 2 tokens", tmp_path)
+
+
+def test_empty_prompts_are_refused_naming_the_row(tmp_path):
+    for i, empty in enumerate(["", "   ", "\n", []]):
+        path = jsonl(
+            tmp_path / f"e{i}.jsonl", [{"prompt": "1:", "label": "1"}, {"prompt": empty, "label": "1"}]
+        )
+        fails(
+            cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=1),
+            rf"data.train_path: column 'prompt' holds an empty prompt in .*e{i}.jsonl \(row 1\)",
+            tmp_path / "runs",
+        )
+
+
+def test_a_batch_larger_than_the_data_is_refused(tmp_path):
+    path = jsonl(tmp_path / "three.jsonl", [{"prompt": f"{i}:", "label": str(i)} for i in range(3)])
+    fails(
+        cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=4),
+        r"rollout.prompts_per_rollout=4 exceeds the 3 prompts of data.train_path \(.*three.jsonl\)",
+        tmp_path / "runs",
+    )
+    assert (
+        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=3)).num_train_prompts == 3
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt", "named"),
+    [
+        ("caf\u00e9 1:", "'\u00e9' (U+00E9)"),
+        ("1:\t2", "'\\t' (U+0009)"),
+        ("\u4e2d\u6587", "'\u4e2d' (U+4E2D), '\u6587' (U+6587)"),
+        ("\U0001f600", "U+1F600"),
+    ],
+)
+def test_characters_the_char_tokenizer_lacks_are_named(tmp_path, prompt, named):
+    rows = [{"prompt": "1:", "label": "1"}, {"prompt": prompt, "label": "1"}]
+    path = jsonl(tmp_path / "u.jsonl", rows)
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=1))
+    assert str(err.value).startswith("data.train_path: row 1: the model's tokenizer has no token for ")
+    assert named in str(err.value)
+    with pytest.raises(PreflightError, match=r"data.system_prompt: .*U\+00E9"):
+        preflight(cfg(tmp_path, data__system_prompt="r\u00e9sum\u00e9"))
 
 
 def test_model_directory_must_load(tmp_path):

@@ -132,3 +132,48 @@ def test_too_many_failed_samples_stop_the_run() -> None:
     check_failures([sample("failed"), sample("completed")], 0.5, "u")  # 50% is allowed
     with pytest.raises(TooManyFailedSamples, match=r"2 of 3 samples failed .*max_failed_fraction=0.5.*boom"):
         check_failures([sample("failed"), sample("failed"), sample("completed")], 0.5, "u")
+
+
+def huge_reward(prompt: str, response: str, label: str, **kw) -> float:
+    return float(response)
+
+
+@pytest.mark.parametrize("value", ["1e308", "-1e308", "1000001", "-1e7", "inf", "nan"])
+def test_absurd_rewards_fail_their_sample_naming_the_reward(value) -> None:
+    ok, bad = score(huge_reward, [("p", "0.5", "l"), ("p", value, "l")])
+    assert (ok.reward, ok.status) == (0.5, "completed")
+    assert (bad.reward, bad.status) == (0.0, "failed")
+    assert "tests.unit.test_rewards:huge_reward" in bad.error and "+-1e+06" in bad.error
+
+
+def test_rewards_at_the_bound_and_bools_are_scores() -> None:
+    results = score(huge_reward, [("p", "1e6", "l"), ("p", "-1e6", "l")])
+    assert [(r.reward, r.status) for r in results] == [(1e6, "completed"), (-1e6, "completed")]
+    (flag,) = score(lambda p, r, lab, **kw: r == lab, [("p", "a", "a")])
+    assert (flag.reward, flag.status) == (1.0, "completed")
+
+
+def test_absurd_rewards_never_reach_the_advantages() -> None:
+    import math
+
+    from infra.config import AlgorithmConfig
+    from infra.rollout.batch import Sample
+    from infra.rollout.scoring import score_samples
+
+    samples = [Sample("p", "l", r, [1], [2], [0.0], 0, 0) for r in ("1e308", "1e308", "1", "0")]
+    for s in samples[2:]:
+        s.group = 1
+    score_samples(samples, huge_reward, AlgorithmConfig())
+    assert all(math.isfinite(s.advantage) for s in samples)
+    assert [s.status for s in samples] == ["failed", "failed", "completed", "completed"]
+
+
+def test_a_batch_reward_is_named_too() -> None:
+    from infra.data.group_rewards import batch_reward
+
+    @batch_reward
+    def overflowing(prompts, responses, labels, **kw):
+        return [1e308 for _ in prompts]
+
+    (bad,) = score(overflowing, [("p", "r", "l")])
+    assert bad.status == "failed" and "overflowing" in bad.error

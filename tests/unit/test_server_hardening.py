@@ -225,7 +225,7 @@ def test_server_refuses_hub_downloads():
 
 def test_hung_group_joins_do_not_starve_generation(server):
     """Weight-group joins to a port where nobody listens block for the group timeout; they
-    run on other threads than generation, so /generate and /health keep answering."""
+    run on threads of their own, so /generate, /health and the other routes keep answering."""
     closed = free_port()
     body = {"master_address": "127.0.0.1", "master_port": closed, "rank_offset": 1, "world_size": 2}
     joins = [
@@ -249,6 +249,11 @@ def test_hung_group_joins_do_not_starve_generation(server):
     assert post(server, ok_body(), timeout=30).status_code == 200
     assert time.monotonic() - t0 < 20
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    # nor the routes that run on the default threads (joins have their own)
+    weights = httpx.post(
+        f"{server}/get_weights_by_name", json={"name": "model.norm.weight"}, headers=AUTH, timeout=10
+    )
+    assert weights.status_code == 200
 
 
 def _quietly(fn) -> None:
@@ -274,3 +279,119 @@ def test_a_group_join_without_peers_gives_up_after_its_timeout(tmp_path):
         assert time.monotonic() - t0 < 60
         assert "lonely" not in state.groups
         assert http.post("/generate", json=ok_body()).status_code == 200  # still serving
+
+
+# ---- bodies, paths and peers a careless client sends ------------------------------------
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1]", b"null", b'"name"', b'{"name": 3}', b'{"nme": "x"}'])
+def test_malformed_get_weights_by_name_is_a_400(server, body):
+    resp = httpx.post(
+        f"{server}/get_weights_by_name",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["message"].startswith(("body", "name")), resp.text
+
+
+@pytest.mark.parametrize("path", ["/etc", "/etc/passwd", "/no/such/dir", "gpt2", ""])
+def test_update_from_a_path_that_is_no_model_is_a_400(server, path):
+    resp = httpx.post(
+        f"{server}/update_weights_from_disk", json={"model_path": path}, headers=AUTH, timeout=30
+    )
+    assert resp.status_code == 400, resp.text
+    assert "model_path" in resp.json()["message"] and "not an HF model directory" in resp.json()["message"]
+
+
+def _health_latencies(url: str, until: threading.Event) -> list[float]:
+    latencies = []
+    while not until.is_set():
+        t0 = time.monotonic()
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        latencies.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    return latencies
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_oversized_body_is_refused_unparsed_while_health_answers(server, chunked):
+    # 10 MB of ids: above the default limit (6 MiB); parsing it would take seconds and GBs
+    big = json.dumps({"input_ids": [[123] * 1000 for _ in range(2500)]}).encode()
+    assert len(big) > 6 * 2**20
+    content = iter([big[i : i + 2**20] for i in range(0, len(big), 2**20)]) if chunked else big
+    done = threading.Event()
+    result: dict = {}
+
+    def send() -> None:
+        t0 = time.monotonic()
+        result["resp"] = httpx.post(
+            f"{server}/generate",
+            content=content,
+            headers={**AUTH, "content-type": "application/json"},
+            timeout=30,
+        )
+        result["seconds"] = time.monotonic() - t0
+        done.set()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    latencies = _health_latencies(server, done)
+    sender.join()
+    resp = result["resp"]
+    assert resp.status_code == 413, resp.text
+    assert "exceed the engine's limit of 6291456" in resp.json()["message"]
+    assert result["seconds"] < 5
+    assert latencies and max(latencies) < 1.0, latencies
+    assert post(server, ok_body()).status_code == 200  # and it still serves
+
+
+def test_request_limits_in_process(tmp_path):
+    """Token and body limits are the server's options; bad long lists fail on their first item."""
+    from fastapi.testclient import TestClient
+
+    from infra.rollout.engine_state import EngineState
+    from infra.rollout.protocol import default_body_limit
+    from infra.rollout.server import create_app
+
+    assert default_body_limit(2**19) == 6 * 2**20
+    model = build_tiny_model(tmp_path / "m", TinyModelConfig())
+    state = EngineState(str(model), seed=0, weight_version="0")
+    with TestClient(create_app(state, max_request_tokens=50, max_body_bytes=4000)) as http:
+        over = http.post("/generate", json={"input_ids": [[5] * 30, [6] * 21]})
+        assert over.status_code == 400 and "51 prompt tokens exceed the request limit of 50" in over.text
+        text = http.post("/generate", json={"text": ["a" * 40, "b" * 11]})
+        assert text.status_code == 400 and "text: 51 characters exceed" in text.text
+        body = http.post("/generate", content=b" " * 4001, headers={"content-type": "application/json"})
+        assert body.status_code == 413 and "limit of 4000" in body.text
+        ok = http.post("/generate", json={"input_ids": [[5] * 20], "sampling_params": {"max_new_tokens": 1}})
+        assert ok.status_code == 200
+    with TestClient(create_app(state)) as http:
+        t0 = time.monotonic()
+        bad = http.post("/generate", json={"input_ids": [["x"] * 100 for _ in range(2000)]})
+        assert time.monotonic() - t0 < 5
+        assert bad.status_code == 400 and len(bad.json()["message"]) < 1000, bad.text[:300]
+        zero_k = http.post("/generate", json=ok_body(top_k=0))
+        assert zero_k.status_code == 400 and "sampling_params.top_k" in zero_k.text
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.255.255.1"])
+def test_a_join_to_a_dead_master_fails_within_the_group_timeout_naming_it(tmp_path, address):
+    from fastapi.testclient import TestClient
+
+    from infra.rollout.engine_state import EngineState
+    from infra.rollout.server import create_app
+
+    model = build_tiny_model(tmp_path / "m", TinyModelConfig())
+    state = EngineState(str(model), seed=0, weight_version="0", group_timeout_s=2.0)
+    port = free_port()
+    body = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": 2}
+    with TestClient(create_app(state)) as http:
+        t0 = time.monotonic()
+        resp = http.post("/init_weights_update_group", json=body)
+        assert time.monotonic() - t0 < 2.0 + 3
+        assert resp.status_code == 504, resp.text
+        assert f"the master {address}:{port} did not accept a connection" in resp.json()["message"]
+        assert "group timeout of 2 s" in resp.json()["message"]
+        assert not state.groups
