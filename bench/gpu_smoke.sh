@@ -68,4 +68,19 @@ PREFECT_API_URL="" PREFECT_SERVER_ANALYTICS_ENABLED=false \
 echo "gpu_smoke: flow exited with $status after $(( $(date +%s) - start )) s (limit ${LIMIT_S} s)"
 report=0
 "$PYTHON" -m bench.gpu_smoke_report "$run_dir/gpu-smoke" || report=$?
-(( status == 0 && report == 0 ))
+
+SGLANG_PYTHON=${SGLANG_PYTHON:-$PYTHON}
+sglang_status=0
+if "$SGLANG_PYTHON" -c 'import sglang, sgl_kernel' 2>/dev/null; then
+  echo "gpu_smoke: SGLang $("$SGLANG_PYTHON" -c 'import sglang; print(sglang.__version__)') on CUDA"
+  start=$(date +%s)
+  PREFECT_API_URL="" PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    timeout --kill-after=20 "$LIMIT_S" "$PYTHON" -m flows.train "${common[@]}" "${layout[@]}" \
+    run_name=gpu-smoke-sglang rollout.engine=sglang "rollout.sglang_python=$SGLANG_PYTHON" \
+    || sglang_status=$?
+  echo "gpu_smoke: SGLang flow exited with $sglang_status after $(( $(date +%s) - start )) s"
+  "$PYTHON" -m bench.gpu_smoke_report "$run_dir/gpu-smoke-sglang" || sglang_status=1
+else
+  echo "gpu_smoke: SGLang stage skipped: $SGLANG_PYTHON cannot import sglang and sgl_kernel"
+fi
+(( status == 0 && report == 0 && sglang_status == 0 ))

@@ -421,7 +421,7 @@ def engine(tmp_path_factory) -> Iterator:
 
 @pytest.mark.parametrize("case", list(HTTP_CASES.values()), ids=list(HTTP_CASES))
 def test_engine_request(engine, case: Http) -> None:
-    from infra.cluster.network import free_port
+    from tests.ports import free_port
 
     body = case.body
     if case.path == "/init_weights_update_group" and body.get("master_port") == "DEAD":
