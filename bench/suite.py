@@ -52,6 +52,8 @@ BENCHES: list[Bench] = [
     Bench("bench.trainer_throughput"),
     Bench("bench.batch_staging"),
     Bench("bench.trl_compare", needs="trl"),
+    # SGLang's real server on CPU as the engine (needs `make sglang-venv`)
+    Bench("bench.engine_learning"),
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),

@@ -11,6 +11,7 @@ session on servers that have them.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -71,6 +72,7 @@ class BroadcastSender:
         # post) while this thread gathers and broadcasts
         self._queues = [ThreadPoolExecutor(1, thread_name_prefix="weight-post") for _ in links]
         self._begins: list[Future] = []  # the open session's begin, per engine
+        self._abandoned = threading.Event()  # set when the open session's sync failed
         self.timings: defaultdict[str, float] = defaultdict(float)
 
     def open(self, address: str, port: int, backend: str) -> None:
@@ -123,18 +125,23 @@ class BroadcastSender:
         still closes the sessions it opened and resumes every engine it paused."""
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
+        self._abandoned = threading.Event()
         self._begins = [q.submit(self._begin, link) for q, link in zip(self._queues, self.links, strict=True)]
         try:
             yield
             for begin in self._begins:  # a begin that failed fails the sync, buckets or not
                 begin.result(timeout=self.timeout_s)
         except BaseException:
-            for link, begin in zip(self.links, self._begins, strict=True):
+            self._abandoned.set()  # posts of this sync still queued are never sent
+            # the clean-up queues behind the engine's pause, begin and posts: it cannot run
+            # before a late pause or begin lands, nor leave a session or a pause behind
+            cleanups = [
+                q.submit(self._abandon, link, begin)
+                for q, link, begin in zip(self._queues, self.links, self._begins, strict=True)
+            ]
+            for cleanup in cleanups:
                 with suppress(Exception):  # report the failure that got us here
-                    begin.result(timeout=self.timeout_s)
-                    link.end_session()
-                with suppress(Exception):
-                    link.client.continue_generation()
+                    cleanup.result(timeout=self.timeout_s)
             raise
         finally:
             self._begins = []
@@ -151,13 +158,26 @@ class BroadcastSender:
         self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
 
     @staticmethod
+    def _abandon(link: EngineLink, begin: Future) -> None:
+        """A failed sync, on the engine's queue: close its session if it opened, resume it."""
+        try:
+            if begin.exception(timeout=0) is None:
+                link.end_session()
+        finally:
+            link.client.continue_generation()
+
+    @staticmethod
     def _end(link: EngineLink) -> None:
         try:
             link.end_session()
         finally:
             link.client.continue_generation()
 
-    def _post(self, index: int, after: PendingBucket | None, *args) -> dict:
+    def _post(self, index: int, abandoned: threading.Event, after: PendingBucket | None, *args) -> dict:
+        # an engine that gets this request waits in its receive for a broadcast: never send
+        # it for a sync that already failed (its broadcast will not come)
+        if abandoned.is_set():
+            raise EarlierBucketFailed("the sync failed before this bucket's request was sent")
         if self._begins:  # already done: it ran first on this queue; its failure is the post's
             self._begins[index].result(timeout=0)
         if after is not None:
@@ -197,6 +217,7 @@ class BroadcastSender:
             queue.submit(
                 self._post,
                 i,
+                self._abandoned,
                 after,
                 names,
                 dtypes,

@@ -22,6 +22,7 @@ import torch
 
 from infra.rollout.client import EngineClient
 from infra.rollout.engine_fleet import EngineFleet
+from infra.weights.broadcast import BroadcastSender
 from tests.sglang.servers import (
     RealServer,
     assert_no_kernel_calls,
@@ -99,7 +100,7 @@ def test_a_sync_during_a_long_generation_pauses_it_and_loses_nothing(server: Rea
     time.sleep(2.0)  # well into decoding
     assert not long.done()
     params = perturbed_params(model_dir, seed=1)
-    report = broadcast_sync(server.url, model_dir, params, "11", timeout_s=SYNC_TIMEOUT_S * 3)
+    report = broadcast_sync(server.url, model_dir, params, "11", timeout_s=SYNC_TIMEOUT_S)
     assert not long.done(), "the generation ended before the sync: make it longer"
     print(f"sync during a {LONG}-token generation: {report['seconds']:.2f} s")
     assert report["seconds"] < 10
@@ -124,6 +125,29 @@ def test_a_sync_that_gave_up_leaves_no_session_in_the_way(server: RealServer, mo
     )
     assert report["max_abs_diff"] == 0.0
     assert client.model_info()["weight_version"] == "12"
+
+
+def test_a_sync_whose_session_start_answers_late_leaves_the_engine_serving(
+    server: RealServer, model_dir, monkeypatch: pytest.MonkeyPatch
+):
+    """The fault behind an engine hung for good: a session start answered only after the
+    sync gave up (injected by leaving the pause out, so the start waits behind a long
+    generation). The sync fails within its timeouts, no bucket request goes out after it,
+    and the engine finishes the generation, answers new requests and takes the next sync."""
+    monkeypatch.setattr(BroadcastSender, "_begin", lambda self, link: link.begin_session())
+    client = server.client()
+    long = _long_generation(client, n=64, new_tokens=LONG)
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        broadcast_sync(server.url, model_dir, perturbed_params(model_dir, seed=4), "13", SYNC_TIMEOUT_S)
+    failed_after = time.monotonic() - t0
+    assert not long.done() and failed_after < 4 * SYNC_TIMEOUT_S, failed_after
+    assert len(long.result(timeout=600)) == 64
+    monkeypatch.undo()
+    report = broadcast_sync(server.url, model_dir, perturbed_params(model_dir, seed=5), "14", SYNC_TIMEOUT_S)
+    assert report["max_abs_diff"] == 0.0
+    assert client.generate([[1, 20, 21]], {"max_new_tokens": 2})[0]["meta_info"]["weight_version"] == "14"
 
 
 def test_the_liveness_probe_stays_fast_through_saturating_generation(server: RealServer):
