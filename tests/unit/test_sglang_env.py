@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from infra.config import RunConfig
+from infra.rollout.batch import weight_version_of
 from infra.rollout.client import API_KEY_ENV
 from infra.rollout.engine import SGLangLaunch, cpu_binding, engine_command, forget_secrets, launch_engine
 
@@ -97,3 +98,10 @@ def test_cpu_ranks_of_a_tp_engine_split_the_cores():
     assert cpu_binding([0, 1], 2) == "0|1"
     assert cpu_binding(list(range(8)), 2) == "0-3|4-7"
     assert cpu_binding([3], 2) == "3|3"  # fewer cores than ranks: they share
+
+
+def test_a_sample_weight_version_is_the_runs_integer_or_a_clear_error():
+    assert weight_version_of("3") == 3 and weight_version_of(4) == 4
+    # SGLang's own initial version, on a server not launched by the run
+    with pytest.raises(ValueError, match="weight_version 'default'.*--weight-version 0"):
+        weight_version_of("default")
