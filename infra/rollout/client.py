@@ -14,12 +14,13 @@ import functools
 import json
 import os
 import ssl
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
+
+from infra.retry import poll
 
 # The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
 API_KEY_ENV = "PRL_ENGINE_API_KEY"
@@ -85,11 +86,8 @@ class EngineClient:
             return False
 
     def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.health():
-            if time.monotonic() > deadline:
-                raise EngineError(f"{self.url}: not healthy after {timeout_s} s")
-            time.sleep(0.2)
+        if not poll(self.health, timeout_s, interval_s=0.2):
+            raise EngineError(f"{self.url}: not healthy after {timeout_s} s")
 
     def generate(
         self,

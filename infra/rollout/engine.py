@@ -23,6 +23,7 @@ from typing import Literal
 
 import psutil
 
+from infra.retry import poll
 from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
 
 _PR_SET_PDEATHSIG = 1
@@ -300,14 +301,15 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> No
     """Poll /health until it answers; fail at once, with the log tail, if the server exits."""
     log_path = getattr(proc, "log_path", None)
     client = EngineClient(url)
-    deadline = time.monotonic() + timeout_s
-    while not client.health():
+
+    def up() -> bool:
         if proc.poll() is not None:
             raise EngineError(f"engine at {url} exited with code {proc.returncode}:\n{_log_tail(log_path)}")
-        if time.monotonic() > deadline:
-            stop_engine(proc)
-            raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
-        time.sleep(HEALTH_POLL_S)
+        return client.health()
+
+    if not poll(up, timeout_s, HEALTH_POLL_S):
+        stop_engine(proc)
+        raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
     forget_secrets(proc)
 
 
@@ -317,16 +319,16 @@ def serving_url(proc: EngineProcess, timeout_s: float) -> str:
     (the HTTP server's: SGLang's scheduler and the built-in server's groups listen from
     other processes or only later)."""
     deadline = time.monotonic() + timeout_s
-    port = proc.port
-    while not port:
+
+    def bound() -> int | None:
         if proc.poll() is not None:
             raise EngineError(f"engine exited with code {proc.returncode}:\n{_log_tail(proc.log_path)}")
-        if time.monotonic() > deadline:
-            stop_engine(proc)
-            raise EngineError(f"engine bound no port within {timeout_s} s:\n{_log_tail(proc.log_path)}")
-        port = _listening_port(proc.pid, proc.host)
-        if not port:
-            time.sleep(HEALTH_POLL_S)
+        return _listening_port(proc.pid, proc.host)
+
+    port = proc.port or poll(bound, timeout_s, HEALTH_POLL_S)
+    if not port:
+        stop_engine(proc)
+        raise EngineError(f"engine bound no port within {timeout_s} s:\n{_log_tail(proc.log_path)}")
     url = f"http://{proc.host}:{port}"
     wait_until_healthy(url, proc, max(0.0, deadline - time.monotonic()))
     return url
