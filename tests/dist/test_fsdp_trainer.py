@@ -276,6 +276,12 @@ class _QueueEngine:
     def destroy_weights_update_group(self, group_name) -> None:
         self.queue.put(("destroy", group_name))
 
+    def pause_generation(self, mode: str = "abort") -> None:
+        assert mode == "retract", mode  # running requests requeued, never aborted, by a sync
+
+    def continue_generation(self) -> None:
+        pass
+
 
 def _receiver(queue, out: str) -> None:
     _, addr, port, rank, world_size, group_name, backend = queue.get(timeout=120)
