@@ -90,11 +90,13 @@ def engine_command(
     *,
     sglang: SGLangLaunch | None = None,
     config_file: str | None = None,
+    group_timeout_s: float | None = None,
 ) -> list[str]:
     """The server's command line. `python` runs SGLang (default: this interpreter), so SGLang
     can live in its own environment when its torch pin differs from the trainer's.
     `config_file`: an SGLang YAML config with what must not appear on a command line
-    (the API key)."""
+    (the API key). `group_timeout_s`: how long the built-in server's weight-group joins and
+    broadcasts wait for their peers (SGLang's take no such setting)."""
     common = ["--model-path", model_path, "--host", host, "--port", str(port)]
     if kind == "torch":
         return [
@@ -106,6 +108,7 @@ def engine_command(
             str(seed),
             "--threads",
             str(threads),
+            *(["--group-timeout-s", str(group_timeout_s)] if group_timeout_s else []),
         ]
     if kind == "sglang":
         launch = sglang or SGLangLaunch(python=python, tp_size=tp_size)
@@ -194,6 +197,7 @@ def launch_engine(
     python: str = "",
     tp_size: int = 1,
     sglang: SGLangLaunch | None = None,
+    group_timeout_s: float | None = None,
 ) -> EngineProcess:
     """Start an engine server; its stdout and stderr go to `log_path` (or are discarded).
 
@@ -222,6 +226,7 @@ def launch_engine(
         tp_size,
         sglang=sglang,
         config_file=config_file,
+        group_timeout_s=group_timeout_s,
     )
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     # the built-in server is a module of this repository, wherever the caller runs from

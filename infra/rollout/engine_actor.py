@@ -49,6 +49,7 @@ class EngineActor:
             extra_args=self.cfg.rollout.sglang_args,
             log_path=self.log_path,
             sglang=sglang_launch(self.cfg),
+            group_timeout_s=self.cfg.weight_sync.timeout_s,
         )
         self.url = serving_url(self.proc, self.cfg.rollout.startup_timeout_s)
         return self.url

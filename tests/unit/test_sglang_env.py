@@ -105,3 +105,9 @@ def test_a_sample_weight_version_is_the_runs_integer_or_a_clear_error():
     # SGLang's own initial version, on a server not launched by the run
     with pytest.raises(ValueError, match="weight_version 'default'.*--weight-version 0"):
         weight_version_of("default")
+
+
+def test_the_builtin_engine_waits_for_its_weight_group_as_long_as_the_run_says():
+    cmd = engine_command("torch", "/m", "h", 1, 0, 1, {}, group_timeout_s=7.5)
+    assert cmd[cmd.index("--group-timeout-s") + 1] == "7.5"
+    assert "--group-timeout-s" not in engine_command("torch", "/m", "h", 1, 0, 1, {})
