@@ -36,11 +36,12 @@ lock:
 	mv $(LOCK).new $(LOCK)
 	rm -rf $(LOCK_VENV)
 
-# A second venv in which SGLang's own Python modules import on CPU, for the conformance
-# tests (`pytest -m sglang`): CPU torch, then SGLang and its light dependencies from an
-# exact list, without resolving (SGLang's metadata asks for CUDA builds). The stand-ins for
-# triton and torchvision go on its path through a .pth file, which also loads the hook
-# that hides the triton stand-in from torch. Built once; rebuilt when the list changes.
+# A second venv in which SGLang runs on CPU: its real server as a rollout engine
+# (configs/sglang-cpu.yaml; rollout.sglang_python finds this venv) and the SGLang test tiers
+# (`pytest -m sglang`): CPU torch, then SGLang and its light dependencies from an exact
+# list, without resolving (SGLang's metadata asks for CUDA builds). The stand-ins for
+# triton, torchvision and sgl_kernel go on its path through a .pth file, which also loads
+# the hook that hides the triton stand-in from torch. Built once; rebuilt when the list changes.
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 SGLANG_REQS := tests/sglang/requirements.txt
