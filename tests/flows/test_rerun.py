@@ -20,6 +20,7 @@ from infra.config import RunConfig
 from infra.storage.checkpoints import CheckpointStore
 from infra.storage.fs import RunStore
 from infra.storage.metrics import read_metrics
+from tests.config_tree import set_paths
 
 pytestmark = pytest.mark.flow
 
@@ -50,12 +51,7 @@ def config(tmp_path, **over) -> RunConfig:
         "checkpoint": {"save_interval": 1, "keep_last": 1},
         "eval": {"interval": None},
     }
-    for key, value in over.items():
-        node = tree
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    set_paths(tree, over)
     return RunConfig.model_validate(tree)
 
 

@@ -18,6 +18,7 @@ from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.data.prompts import load_rows
 from infra.preflight import PreflightError, preflight
+from tests.config_tree import set_paths
 
 # each case is refused within a second or two; the engine fixture builds a model first
 pytestmark = pytest.mark.timeout(10)
@@ -190,12 +191,7 @@ def _run(tmp_path: Path, rows: list[dict] | None = None, **tree) -> RunConfig:
         data.write_text(_jsonl(rows))
         base["data"] = {"train_path": str(data), "eval_path": str(data)}
         base["rollout"] = {"prompts_per_rollout": 1}
-    for key, value in tree.items():
-        node = base
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    set_paths(base, tree)
     return RunConfig.model_validate(base)
 
 

@@ -16,18 +16,14 @@ from infra.preflight import PreflightError, preflight
 from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore
 from infra.storage.metrics import append_metrics, read_metrics
+from tests.config_tree import set_paths
 
 HERE = Path(__file__).resolve().parent
 
 
 def cfg(tmp_path: Path, **tree) -> RunConfig:
     base = {"storage": {"uri": str(tmp_path / "runs")}, "run_name": "r"}
-    for key, value in tree.items():
-        node = base
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    set_paths(base, tree)
     return RunConfig.model_validate(base)
 
 
