@@ -85,15 +85,13 @@ def engine_command(
     seed: int,
     threads: int,
     extra_args: dict,
-    python: str = "",
-    tp_size: int = 1,
     *,
     sglang: SGLangLaunch | None = None,
     config_file: str | None = None,
     group_timeout_s: float | None = None,
 ) -> list[str]:
-    """The server's command line. `python` runs SGLang (default: this interpreter), so SGLang
-    can live in its own environment when its torch pin differs from the trainer's.
+    """The server's command line. `sglang.python` runs SGLang (default: this interpreter), so
+    SGLang can live in its own environment when its torch pin differs from the trainer's.
     `config_file`: an SGLang YAML config with what must not appear on a command line
     (the API key). `group_timeout_s`: how long the built-in server's weight-group joins and
     broadcasts wait for their peers (SGLang's take no such setting)."""
@@ -111,9 +109,9 @@ def engine_command(
             *(["--group-timeout-s", str(group_timeout_s)] if group_timeout_s else []),
         ]
     if kind == "sglang":
-        launch = sglang or SGLangLaunch(python=python, tp_size=tp_size)
-        interpreter = launch.python or python or sys.executable
-        tp = launch.tp_size if sglang is not None else tp_size
+        launch = sglang or SGLangLaunch()
+        interpreter = launch.python or sys.executable
+        tp = launch.tp_size
         # the built-in server's first version too: a sample's version is always an integer
         flags = ["--random-seed", str(seed), "--weight-version", "0"]
         # the run waits for /health itself, and its first weight sync exercises the model
@@ -194,8 +192,6 @@ def launch_engine(
     threads: int,
     extra_args: dict | None = None,
     log_path: str | None = None,
-    python: str = "",
-    tp_size: int = 1,
     sglang: SGLangLaunch | None = None,
     group_timeout_s: float | None = None,
 ) -> EngineProcess:
@@ -222,8 +218,6 @@ def launch_engine(
         seed,
         threads,
         extra_args or {},
-        python,
-        tp_size,
         sglang=sglang,
         config_file=config_file,
         group_timeout_s=group_timeout_s,
@@ -232,7 +226,8 @@ def launch_engine(
     # the built-in server is a module of this repository, wherever the caller runs from
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
     if kind == "sglang":
-        env = sglang_env(env, cpu=bool(sglang and sglang.cpu), tp_size=sglang.tp_size if sglang else tp_size)
+        launch = sglang or SGLangLaunch()
+        env = sglang_env(env, cpu=launch.cpu, tp_size=launch.tp_size)
     redact = key if kind == "sglang" else None
     out = subprocess.PIPE if redact else _log_file(log_path)
     try:

@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_gpu_config_launch_command_parses_to_what_we_meant(sglang_python: str):
     cfg = load_config(REPO / "configs" / "gpu-grpo.yaml")
+    gpu = SGLangLaunch(tp_size=2)
     cmd = engine_command(
-        "sglang", cfg.model.path, "10.1.2.3", 30123, 4321, 4, cfg.rollout.sglang_args, tp_size=2
+        "sglang", cfg.model.path, "10.1.2.3", 30123, 4321, 4, cfg.rollout.sglang_args, sglang=gpu
     )
     parsed = run_json(sglang_python, "parse_launch.py", cmd)
     assert {k: parsed[k] for k in ("model_path", "host", "port", "random_seed", "tp_size")} == {

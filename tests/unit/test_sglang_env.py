@@ -14,12 +14,16 @@ from infra.rollout.engine import SGLangLaunch, cpu_binding, engine_command, forg
 
 
 def test_sglang_runs_under_the_configured_interpreter():
-    cmd = engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {}, python="/opt/sglang-env/bin/python")
+    venv = SGLangLaunch(python="/opt/sglang-env/bin/python")
+    cmd = engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {}, sglang=venv)
     assert cmd[:3] == ["/opt/sglang-env/bin/python", "-m", "sglang.launch_server"]
     assert engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {})[0] == sys.executable
     # the built-in server is this project's code: always this interpreter
     assert (
-        engine_command("torch", "/m", "127.0.0.1", 30000, 1, 1, {}, python="/x/python")[0] == sys.executable
+        engine_command("torch", "/m", "127.0.0.1", 30000, 1, 1, {}, sglang=SGLangLaunch(python="/x/python"))[
+            0
+        ]
+        == sys.executable
     )
 
 
@@ -34,7 +38,7 @@ def test_sglang_python_is_for_sglang_engines_only():
 
 
 def test_tensor_parallel_engines_launch_with_their_tp_size() -> None:
-    cmd = engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {}, tp_size=2)
+    cmd = engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {}, sglang=SGLangLaunch(tp_size=2))
     assert cmd[cmd.index("--tp-size") + 1] == "2"
     assert "--tp-size" not in engine_command("sglang", "/m", "127.0.0.1", 30000, 1, 1, {})
 
