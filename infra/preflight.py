@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ def preflight(cfg: RunConfig) -> Preflight:
         if d.reward:
             _check(f"{where}.reward", lambda d=d: check_reward(d.reward))
     check_batch_fits(cfg, len(rows["data.train_path"]))
+    if cfg.rollout.engine == "sglang" and not cfg.cluster.ray_address:
+        check_sglang_python(cfg.rollout.sglang_python)
     tokenizer, positions = _check("model.path", lambda: load_tokenizer(cfg, store))
     if tokenizer is not None:
         check_stop_tokens(cfg, tokenizer)
@@ -160,6 +163,24 @@ def load_tokenizer(cfg: RunConfig, store: RunStore):
         raise PreflightError(f"model.path: {path} does not load as an HF model: {e}") from e
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return tokenizer, positions
+
+
+def check_sglang_python(configured: str) -> None:
+    """The interpreter that will run `sglang.launch_server` exists and finds SGLang (on a
+    local cluster the engines start on this machine; on a remote one, on its nodes)."""
+    from infra.rollout.engine import sglang_interpreter
+
+    python = sglang_interpreter(configured)
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except OSError as e:
+        raise PreflightError(f"rollout.sglang_python: cannot run {python}: {e}") from e
+    if not found:
+        raise PreflightError(
+            f"rollout.sglang_python: {python} cannot import sglang; build the SGLang environment with "
+            "`make sglang-venv` or set rollout.sglang_python to an interpreter that has SGLang"
+        )
 
 
 def check_batch_fits(cfg: RunConfig, num_prompts: int) -> None:

@@ -6,7 +6,6 @@ cleanup are Ray's business while generation speaks plain SGLang HTTP.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 
@@ -21,8 +20,6 @@ from infra.rollout.engine import (
     sglang_interpreter,
     stop_engine,
 )
-
-log = logging.getLogger(__name__)
 
 
 class EngineActor:

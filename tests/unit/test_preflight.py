@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,13 @@ def test_oversubscription_counts_the_critic_ranks(monkeypatch):
     ppo = RunConfig.model_validate({"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}})
     (warning,) = oversubscription(ppo)  # + 2 critic ranks: 5 of 4
     assert "2 critic ranks" in warning and "want 5 cores" in warning
+
+
+def test_an_sglang_engine_needs_an_interpreter_that_finds_sglang(tmp_path):
+    missing = cfg(tmp_path, rollout__engine="sglang", rollout__sglang_python=str(tmp_path / "no-python"))
+    with pytest.raises(PreflightError, match="rollout.sglang_python: cannot run"):
+        preflight(missing)
+    # this interpreter runs, but has no SGLang (it lives in its own venv)
+    without = cfg(tmp_path, rollout__engine="sglang", rollout__sglang_python=sys.executable)
+    with pytest.raises(PreflightError, match="cannot import sglang.*make sglang-venv"):
+        preflight(without)
