@@ -27,7 +27,8 @@ CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
 # Variables of a run's environment that are secrets. Ray writes a runtime_env's env_vars into
 # its logs (the runtime env agent's, mode 0644, each time a worker starts), so these reach the
 # workers by the worker setup hook instead: a function Ray pickles into its GCS store and runs
-# in every worker of the job as it starts; the runtime_env carries only the hook's name.
+# in every worker of the job as it starts; the runtime_env carries only the hook's name and
+# its key in that store.
 SECRET_ENV = (API_KEY_ENV, "PREFECT_API_KEY")
 # tasks whose events a local cluster's GCS keeps (`ray list tasks` shows the most recent)
 TASK_EVENTS_KEPT = 5000
