@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from infra.rollout.client import API_KEY_ENV
-from tests.flows.test_ray_cluster import AGENT_PORTS, RAY, _ports, _stop_our_nodes
+from tests.flows.test_ray_cluster import AGENT_PORTS, RAY, _ports, _stop_our_nodes, files_holding
 
 pytestmark = pytest.mark.flow
 REPO = Path(__file__).resolve().parents[2]
@@ -61,18 +61,6 @@ def _env(ray_tmp: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PREFECT_API_URL"))}
     env.update(RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO), **extra)
     return env
-
-
-def files_holding(root: str | Path, secret: str) -> list[str]:
-    needle = secret.encode()
-    found = []
-    for path in Path(root).rglob("*"):
-        try:
-            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
-                found.append(str(path))
-        except OSError:  # a socket, or a file removed meanwhile
-            continue
-    return found
 
 
 def test_local_connect_starts_its_own_cluster_beside_a_live_one(ray_tmp):
