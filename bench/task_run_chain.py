@@ -28,6 +28,7 @@ from bench.common import ratio_line, spread
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 from infra.cluster.control_workers import CONTROL_OPTIONS, close_pool, open_pool
+from infra.cluster.ray_cluster import runtime_env
 
 WORKER_IMPORTS = ["prefect.task_engine", "prefect.client.orchestration", "prefect_ray.task_runners"]
 
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     ensure_api_server()
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": worker_env()})
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env("", worker_env()))
     ms: dict[str, list[float]] = {"ray_tasks": [], "control_workers": []}
     try:
         for r in range(args.repeats):

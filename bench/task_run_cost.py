@@ -32,6 +32,7 @@ from bench.common import ratio_line, spread
 from flows.context_cache import reused_prefect_context
 from flows.prefect_api import ensure_api_server, worker_env
 from flows.runner import ConnectedRayTaskRunner
+from infra.cluster.ray_cluster import runtime_env
 
 
 class PlainRayTaskRunner(RayTaskRunner):
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     ensure_api_server()
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": worker_env()})
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env("", worker_env()))
     sides = {
         "prefect_ray_ms": PlainRayTaskRunner,
         "reused_blocking_ms": ReusedBlockingRunner,

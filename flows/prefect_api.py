@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import httpx
 import prefect
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_settings, temporary_settings
 
+from infra.lifetime import die_with_parent
 from infra.retry import poll
 from infra.rollout.client import API_KEY_ENV
 
@@ -67,6 +69,9 @@ class ApiServerStart:
                     *("--log-level", "error", "--lifespan", "on"),
                 ],
                 pass_fds=(fd,),
+                # a flow process killed outright runs no atexit: the server must not outlive it
+                # (SIGTERM: uvicorn shuts down cleanly, the database closed)
+                preexec_fn=die_with_parent(signal.SIGTERM),
                 env={
                     **os.environ,
                     # the local server has no network to report usage to; don't let it try

@@ -31,7 +31,7 @@ from infra.cluster.control_workers import CONTROL_OPTIONS
 from infra.cluster.ray_cluster import ray_session
 from infra.config import RunConfig
 from infra.config_files import load_config
-from infra.preflight import preflight
+from infra.preflight import already_finished, preflight
 from infra.schedule import LoopSchedule
 from tasks.evaluate import evaluate
 from tasks.generate import generate
@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup.mark("config")
+    finished = already_finished(config)  # nothing to do: start neither Ray nor the API
+    if finished:
+        print(finished, flush=True)
+        return 0
     # Start-up work that does not depend on each other runs side by side: the Prefect API
     # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.
     api = ApiServerStart()

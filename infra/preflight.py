@@ -81,6 +81,21 @@ def preflight(cfg: RunConfig) -> Preflight:
     return result
 
 
+def already_finished(cfg: RunConfig) -> str | None:
+    """Why a run has nothing to do, checked before the command starts anything (Ray, the
+    Prefect API): its checkpoint already holds all num_rollout iterations.
+
+    Only the checkpoint's meta is read. A folder or checkpoint that cannot be read is no
+    answer here: the flow's `preflight` then reports it, after the checks that come before
+    it, naming the field."""
+    if cfg.checkpoint.resume in ("never", "fresh"):
+        return None
+    try:
+        return finished_message(cfg, resume_point(cfg, RunStore(cfg.storage, cfg.run_name)))
+    except Exception:  # noqa: BLE001 - see the docstring: preflight reports it in order
+        return None
+
+
 def _check(name: str, fn):
     try:
         return fn()

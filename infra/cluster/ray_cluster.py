@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
 
@@ -14,6 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from infra.cluster.placement import PlacementLayout, Slot, bundle_order, local_cluster_cpus, plan_placement
 from infra.config import RunConfig
+from infra.rollout.client import API_KEY_ENV
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,6 +24,12 @@ CODE_PACKAGES = ("infra", "flows", "tasks")
 # the marker tells their processes apart; the job's env (code path, API URL) still applies
 # underneath (Ray merges an actor's env_vars into the job's).
 CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
+# Variables of a run's environment that are secrets. Ray writes a runtime_env's env_vars into
+# its logs (the runtime env agent's, mode 0644, each time a worker starts), so these reach the
+# workers by the worker setup hook instead: a function Ray pickles into its GCS store and runs
+# in every worker of the job as it starts; the runtime_env carries only the hook's name and
+# its key in that store.
+SECRET_ENV = (API_KEY_ENV, "PREFECT_API_KEY")
 # tasks whose events a local cluster's GCS keeps (`ray list tasks` shows the most recent)
 TASK_EVENTS_KEPT = 5000
 
@@ -39,12 +46,31 @@ def runtime_env(address: str, env: Mapping[str, str]) -> dict:
     upload). An existing cluster gets the packages through `py_modules`: Ray uploads them
     once per content hash and every worker on every node imports them from its own copy,
     so no shared file system or pre-installed checkout is needed.
+
+    Secrets in `env` (`SECRET_ENV`) are left out of `env_vars`; `secrets_hook` carries them.
     """
-    env_vars = dict(env)
+    env_vars = {k: v for k, v in env.items() if k not in SECRET_ENV}
+    renv: dict = {"env_vars": env_vars}
+    hook = secrets_hook(env)
+    if hook is not None:
+        renv["worker_process_setup_hook"] = hook
     if not address:
         env_vars["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))
-        return {"env_vars": env_vars}
-    return {"env_vars": env_vars, "py_modules": code_modules()}
+        return renv
+    return {**renv, "py_modules": code_modules()}
+
+
+def secrets_hook(env: Mapping[str, str]) -> Callable[[], None] | None:
+    """A worker setup hook that puts the secrets of `env` into the worker's environment."""
+    values = {k: v for k, v in env.items() if k in SECRET_ENV and v}
+    if not values:
+        return None
+
+    # a closure, so Ray pickles it by value (the values with it) into the GCS, never a file
+    def set_run_secrets() -> None:
+        os.environ.update(values)
+
+    return set_run_secrets
 
 
 def _custom_resources(layout: PlacementLayout) -> dict[str, float]:
@@ -62,6 +88,11 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
 
     `env` reaches every worker: Prefect tasks running on Ray workers need the API URL of
     the run, and the code must be importable there.
+
+    Without `address` the run starts a private cluster whatever else runs on the machine:
+    Ray's default would join the cluster named by RAY_ADDRESS or by the last `ray start`
+    (its current-cluster file, even when that cluster is gone) and then refuse the local
+    cluster's settings. Only `address` joins another cluster.
     """
     if ray.is_initialized():
         return False
@@ -69,7 +100,11 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
     if address:
         ray.init(address=address, runtime_env=renv, namespace="prefect-rl")
     else:
+        # The run's processes must not see another cluster's address either: a Ray call
+        # without one (a library's, a tool's) would join that cluster.
+        os.environ.pop("RAY_ADDRESS", None)
         ray.init(
+            address="local",
             num_cpus=local_cluster_cpus(layout, num_cpus),
             # custom resources the roles ask for: a local cluster has them all on one node
             resources=_custom_resources(layout) or None,

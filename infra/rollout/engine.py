@@ -7,11 +7,9 @@ outlives the actor or test that started it, even when that one is SIGKILLed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,10 +21,10 @@ from typing import Literal
 
 import psutil
 
+from infra.lifetime import die_with_parent
 from infra.retry import poll
 from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
 
-_PR_SET_PDEATHSIG = 1
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SGLANG_VENV_PYTHON = ".venv-sglang/bin/python"  # what `make sglang-venv` builds
 # A server answers /health within a poll of being up: the run waits on this for its engines.
@@ -40,13 +38,6 @@ class EngineProcess(subprocess.Popen):
     config_dir: str | None = None  # the private config file's folder, until the server is up
     host: str = ""
     port: int = 0  # 0: the server binds a free port itself (see serving_url)
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec. The signal fires when the launching *thread*
-    # exits: launch from a thread that lives as long as the engine should (the main one).
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -237,7 +228,7 @@ def launch_engine(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(),
             start_new_session=False,
         )
     finally:

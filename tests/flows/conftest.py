@@ -8,6 +8,7 @@ import ray
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.prefect_api import worker_env
+from infra.cluster.ray_cluster import runtime_env
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +26,8 @@ def prefect_api():
 def ray_workers(**env: str) -> Iterator[dict]:
     """A local Ray whose workers report to the test API, with `env` on top."""
     env = {**worker_env(), **env}
-    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env})
+    # secrets reach the workers as in a run: never through env_vars, which Ray logs
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=runtime_env("", env))
     try:
         yield env
     finally:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
+
+from infra.retry import poll
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,3 +88,49 @@ PORT_PROBE = textwrap.dedent(
 
 def test_the_servers_port_is_held_before_it_answers(tmp_path):
     assert _run_probe(PORT_PROBE, tmp_path) == {"bind": "in-use", "answers": "True"}
+
+
+def _api_server(parent: psutil.Process) -> psutil.Process | None:
+    for child in parent.children():
+        if "uvicorn" in " ".join(child.cmdline()):
+            return child
+    return None
+
+
+def test_the_server_dies_with_a_killed_flow_process(tmp_path):
+    # the CLI starts its own server (no API configured); SIGKILL runs none of its cleanup
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_ADDRESS"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    args = ["num_rollout=1", "checkpoint.resume=fresh", f"storage.uri={tmp_path / 'runs'}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train", *args],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,  # its Ray processes too, for the cleanup below
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        flow_process = psutil.Process(proc.pid)
+        server = None
+
+        def serving() -> bool:  # up and answering, as during a run
+            nonlocal server
+            server = server or _api_server(flow_process)
+            if server is None:
+                return False
+            ports = [c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+            try:
+                return bool(ports) and httpx.get(f"http://127.0.0.1:{ports[0]}/api/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert poll(serving, 120), "the API server never answered"
+        proc.kill()
+        proc.wait()
+        gone, _ = psutil.wait_procs([server], timeout=10)
+        assert gone == [server], "the API server outlived the flow process"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else the run had started
+        proc.wait()

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.rollout.client import API_KEY_ENV
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.flow, pytest.mark.cluster]
@@ -104,6 +105,19 @@ def two_nodes() -> Iterator[dict]:
         shutil.rmtree(cwd, ignore_errors=True)
 
 
+def files_holding(root: str | Path, secret: str) -> list[str]:
+    """Files under `root` whose bytes contain `secret`."""
+    needle = secret.encode()
+    found = []
+    for path in Path(root).rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                found.append(str(path))
+        except OSError:  # a socket, or a file removed meanwhile
+            continue
+    return found
+
+
 def _node_ids(address: str, env: dict[str, str]) -> dict[str, str]:
     """Node id of the node holding each custom resource."""
     code = (
@@ -124,6 +138,7 @@ class EngineEnvWatch(threading.Thread):
     def __init__(self, tmp: str):
         super().__init__(daemon=True)
         self.tmp, self.seen, self.done = tmp, set(), threading.Event()
+        self.keys: set[str] = set()  # the run's engine key, as the engine servers got it
 
     def run(self) -> None:
         while not self.done.wait(0.5):
@@ -131,11 +146,14 @@ class EngineEnvWatch(threading.Thread):
                 if "infra.rollout.server" not in " ".join(p.info["cmdline"] or []):
                     continue
                 try:
-                    path = p.environ().get("PYTHONPATH", "")
+                    env = p.environ()
+                    path = env.get("PYTHONPATH", "")
                 except psutil.Error:
                     continue
                 if self.tmp in path:
                     self.seen.add(path.split(os.pathsep)[0])
+                    if env.get(API_KEY_ENV):
+                        self.keys.add(env[API_KEY_ENV])
 
 
 def test_training_runs_across_two_ray_nodes(two_nodes, prefect_api, tmp_path):
@@ -186,3 +204,6 @@ def test_training_runs_across_two_ray_nodes(two_nodes, prefect_api, tmp_path):
     assert [json.loads(line)["rollout_id"] for line in metrics] == [0, 1, 2]
     # the engine server imported the project from the copy Ray unpacked on its node
     assert watch.seen and all("py_modules_files" in path for path in watch.seen), watch.seen
+    # the key reached the other node's workers, and no file of either node holds it
+    assert len(watch.keys) == 1
+    assert files_holding(two_nodes["tmp"], watch.keys.pop()) == []

@@ -7,7 +7,13 @@ instead of training on zeros.
 """
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,6 +29,7 @@ from infra.storage.metrics import read_metrics
 from tests.config_tree import set_paths
 
 pytestmark = pytest.mark.flow
+REPO = Path(__file__).resolve().parents[2]
 
 
 def engines_of(tmp_path) -> list[int]:
@@ -118,3 +125,41 @@ def test_hanging_reward_times_out_and_stops_the_run(prefect_api, tmp_path):
     assert engines_of(tmp_path) == []
     store = RunStore(cfg.storage, "hang")
     assert read_metrics(store) == [] and CheckpointStore(store, keep_last=None).latest() is None
+
+
+def test_auto_on_a_finished_run_starts_neither_ray_nor_the_api(prefect_api, tmp_path):
+    assert train(config(tmp_path), return_state=True).is_completed()
+    args = [
+        *("run_name=again", "num_rollout=2", "checkpoint.resume=auto", "eval.interval=null"),
+        *("rollout.prompts_per_rollout=8", "rollout.n_samples_per_prompt=4", "rollout.startup_timeout_s=600"),
+        *(f"storage.uri={tmp_path / 'runs'}", "checkpoint.save_interval=1", "checkpoint.keep_last=1"),
+    ]
+    # no API configured: the command would start its own server, as a user's first run does
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_ADDRESS"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    started: set[str] = set()  # every process the command started, seen every 50 ms
+    try:
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        started.add(" ".join(child.cmdline()))
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.communicate()[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert "run again is already finished" in out and "nothing to do" in out
+    assert not [cmd for cmd in started if "raylet" in cmd or "gcs_server" in cmd or "uvicorn" in cmd]
+    assert time.monotonic() - t0 < 60

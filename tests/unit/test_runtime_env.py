@@ -1,11 +1,13 @@
 """How the code reaches Ray workers: PYTHONPATH on a local cluster, py_modules on an existing one."""
 
+import os
 from pathlib import Path
 
 import flows
 import infra
 import tasks
-from infra.cluster.ray_cluster import REPO_ROOT, runtime_env
+from infra.cluster.ray_cluster import REPO_ROOT, SECRET_ENV, runtime_env
+from infra.rollout.client import API_KEY_ENV
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -23,3 +25,16 @@ def test_existing_cluster_gets_the_packages_uploaded():
     # no path of this machine leaks to the nodes
     assert "PYTHONPATH" not in env["env_vars"]
     assert env["env_vars"] == {"PREFECT_API_URL": "http://10.0.0.2:4200/api"}
+
+
+def test_secrets_travel_by_the_setup_hook_not_env_vars(monkeypatch):
+    env = {"PREFECT_API_URL": "http://127.0.0.1:1/api", API_KEY_ENV: "k1", "PREFECT_API_KEY": "k2"}
+    for address in ("", "10.0.0.1:6379"):
+        renv = runtime_env(address, env)
+        assert set(SECRET_ENV) & set(renv["env_vars"]) == set()
+        assert "k1" not in str(renv["env_vars"]) and "k2" not in str(renv["env_vars"])
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+        monkeypatch.delenv("PREFECT_API_KEY", raising=False)
+        renv["worker_process_setup_hook"]()  # what Ray runs in each worker as it starts
+        assert (os.environ[API_KEY_ENV], os.environ["PREFECT_API_KEY"]) == ("k1", "k2")
+    assert "worker_process_setup_hook" not in runtime_env("", {"PREFECT_API_URL": "u"})
