@@ -4,6 +4,9 @@ import math
 
 import pytest
 
+from infra.config import AlgorithmConfig
+from infra.rollout.batch import Sample
+from infra.rollout.scoring import assign_advantages
 from infra.trainer.advantages import (
     compute_advantages,
     grpo_advantages,
@@ -106,3 +109,28 @@ def test_zero_variance_groups_counted():
 def test_length_mismatch_raises():
     with pytest.raises(ValueError):
         grpo_advantages([1.0], [0, 1], normalize_std=True)
+
+
+def _scored(lengths: list[int]) -> list[Sample]:
+    return [
+        Sample("p", "a", "r", [1], [2] * n, [0.0] * n, 0, g, reward=r)
+        for r, g, n in zip(REWARDS, GROUPS, lengths, strict=True)
+    ]
+
+
+def test_dr_grpo_from_the_config_never_divides_by_std():
+    # normalize_advantage_std is on by default; Dr. GRPO ignores it: group-centred rewards only
+    samples = _scored([1] * 6)
+    assign_advantages(samples, AlgorithmConfig(advantage_estimator="dr_grpo", normalize_advantage_std=True))
+    assert [s.advantage for s in samples] == pytest.approx([0.5, -0.5, -0.5, 0.5, -1.0, 1.0])
+
+
+def test_reinforce_plus_plus_baseline_from_the_config():
+    lengths = [2, 1, 3, 2, 1, 1]
+    samples = _scored(lengths)
+    assign_advantages(samples, AlgorithmConfig(advantage_estimator="reinforce_plus_plus_baseline"))
+    # centred per group: [0.5, -0.5, -0.5, 0.5 | -1, 1]; then whitened over the 10 tokens:
+    # mean (1 - 0.5 - 1.5 + 1 - 1 + 1) / 10 = 0, unbiased var (0.5 + 0.25 + 0.75 + 0.5 + 1 + 1) / 9
+    centred = [0.5, -0.5, -0.5, 0.5, -1.0, 1.0]
+    d = math.sqrt(4 / 9 + 1e-8)
+    assert [s.advantage for s in samples] == pytest.approx([c / d for c in centred])
