@@ -88,28 +88,27 @@ def test_engine_actor_loads_an_export_from_storage(storage_uri, tmp_path):
         actor.stop()
 
 
-def test_engine_actor_takes_another_port_when_its_port_was_taken(tmp_path, monkeypatch):
-    """The port probe and the server's bind are seconds apart: a port taken meanwhile (held by a
-    listener here) costs one more start on another port, not the run."""
-    import socket
-
-    import infra.rollout.engine_actor as engine_actor
+def test_engine_actor_serves_on_the_port_its_server_bound(tmp_path):
+    """The server binds port 0 itself, so no port chosen beforehand can be taken in between;
+    the actor's URL names the port the server's own process listens on."""
+    import psutil
 
     base = build_tiny_model(tmp_path / "base", TinyModelConfig())
-    taken = socket.create_server(("127.0.0.1", 0))
-    ports = [taken.getsockname()[1]]
-    real = engine_actor.free_port
-    monkeypatch.setattr(engine_actor, "free_port", lambda host: ports.pop() if ports else real(host))
     actor = EngineActor(_cfg(str(tmp_path / "runs")), 0, local_cluster=True)
     try:
         url = actor.start(str(base), {})
-        assert not url.endswith(f":{taken.getsockname()[1]}")
+        assert "--port 0" in " ".join(actor.proc.args)
+        listening = {
+            c.laddr.port
+            for c in psutil.Process(actor.pid()).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert url == f"http://127.0.0.1:{listening.pop()}" and not listening
         from infra.rollout.client import EngineClient
 
         assert EngineClient(url).health()
     finally:
         actor.stop()
-        taken.close()
 
 
 def test_engine_actor_gives_up_on_other_start_failures(tmp_path):
