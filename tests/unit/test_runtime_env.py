@@ -33,8 +33,11 @@ def test_secrets_travel_by_the_setup_hook_not_env_vars(monkeypatch):
         renv = runtime_env(address, env)
         assert set(SECRET_ENV) & set(renv["env_vars"]) == set()
         assert "k1" not in str(renv["env_vars"]) and "k2" not in str(renv["env_vars"])
-        monkeypatch.delenv(API_KEY_ENV, raising=False)
-        monkeypatch.delenv("PREFECT_API_KEY", raising=False)
+        for name in (API_KEY_ENV, "PREFECT_API_KEY"):
+            # set first, so teardown restores the variable's absence after the hook sets it
+            # (a delenv of a missing variable records nothing to undo)
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
         renv["worker_process_setup_hook"]()  # what Ray runs in each worker as it starts
         assert (os.environ[API_KEY_ENV], os.environ["PREFECT_API_KEY"]) == ("k1", "k2")
     assert "worker_process_setup_hook" not in runtime_env("", {"PREFECT_API_URL": "u"})
