@@ -2,11 +2,18 @@
 
 A retry helps against transient faults (an engine restarting, storage briefly down, a
 dropped connection). A deterministic error (bad input, a plug-in that does not import,
-a missing file, too many failed samples) fails the same way again: retrying it only
-delays the run's end and repeats the message.
+a missing file, too many failed samples) fails the same way again, and so does a call to
+a process of the run that is gone for good: retrying only delays the run's end and
+repeats the message.
 """
 
 from __future__ import annotations
+
+
+class Unrecoverable(RuntimeError):
+    """A failure of the run's own long-lived state (a trainer rank's process gone): no retry
+    can bring it back, only a new run that resumes from the last checkpoint."""
+
 
 DETERMINISTIC: tuple[type[BaseException], ...] = (
     ValueError,  # bad config or data (pydantic's ValidationError is one), too many failed samples
@@ -20,6 +27,7 @@ DETERMINISTIC: tuple[type[BaseException], ...] = (
     PermissionError,
     IsADirectoryError,
     NotADirectoryError,
+    Unrecoverable,
 )
 
 

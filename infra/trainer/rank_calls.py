@@ -11,9 +11,12 @@ from __future__ import annotations
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from infra.errors import Unrecoverable
 
-class TrainerRankDied(RuntimeError):
-    """A trainer rank's process died; the flow cannot continue (a resume can)."""
+
+class TrainerRankDied(Unrecoverable):
+    """A trainer rank's process died; the flow cannot continue (a resume can). Ray does not
+    restart trainer ranks, so a Prefect retry would only call the dead rank again."""
 
 
 def get_ranks(refs: list, what: str) -> list:

@@ -25,7 +25,7 @@ from tests.flows.test_resume import write_prompts
 
 pytestmark = pytest.mark.flow
 REPO = Path(__file__).resolve().parents[2]
-DETECT_LIMIT_S = 60  # from the kill to the flow process's exit, disposal included
+DETECT_LIMIT_S = 10  # from the kill to the flow process's exit, disposal included
 
 
 def alive(procs: list[psutil.Process]) -> list[psutil.Process]:

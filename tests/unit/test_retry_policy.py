@@ -8,6 +8,7 @@ from infra.errors import is_deterministic
 from infra.rollout.client import EngineError
 from infra.rollout.scoring import TooManyFailedSamples
 from infra.storage.retry import StorageUnavailable
+from infra.trainer.rank_calls import TrainerRankDied
 from tasks.options import RETRIED, retry_transient_only
 
 
@@ -21,6 +22,7 @@ def test_deterministic_errors_are_not_retried():
         ImportError("x"),
         FileNotFoundError("f"),
         TooManyFailedSamples("60 of 64"),
+        TrainerRankDied("trainer rank 1 died during save"),
     ):
         assert is_deterministic(exc) and is_deterministic(from_actor(exc))
         assert not retry_transient_only(None, None, Failed(data=from_actor(exc)))
