@@ -311,6 +311,16 @@ class DataConfig(_Section):
         gt=0,
         description="Longest one reward call may take; a sample whose reward runs longer is marked failed.",
     )
+    reward_isolation: Literal["process", "thread"] = Field(
+        "process",
+        description="Where a plug-in reward (`module:function`, `file.py:function`) runs: in `process`es, "
+        "so that a call past reward_timeout_s is stopped (its process killed) and a crash fails only its "
+        "samples; or in `thread`s of the rollout manager, with no process start or argument copying, "
+        "where a timed-out call keeps running until the run ends. Built-in and async rewards run in threads.",
+    )
+    reward_workers: int = Field(
+        2, ge=1, le=256, description="Processes that run a plug-in reward when reward_isolation is `process`."
+    )
     max_failed_fraction: float = Field(
         0.5,
         ge=0,

@@ -69,7 +69,10 @@ def score_lists(
     pool = concurrent.futures.ThreadPoolExecutor(min(8, max(1, len(parts))), "group-reward")
     try:
         futures = {pool.submit(_call_list, fn, [items[i] for i in part], kw): part for part in parts}
-        done, late = concurrent.futures.wait(futures, timeout=timeout_s)
+        # a reward that times its own calls out (a ProcessReward) is not timed here: a part
+        # queued behind busy workers has not started yet
+        outer = None if getattr(fn, "enforces_timeout", False) else timeout_s
+        done, late = concurrent.futures.wait(futures, timeout=outer)
         for f in done:
             for i, v in zip(futures[f], f.result(), strict=True):
                 values[i] = v

@@ -112,7 +112,12 @@ def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
         data = data or DataConfig()
         return RemoteReward(spec, data.remote_reward, data.reward_timeout_s)
     known = f"registered rewards: {', '.join(REWARDS)}; or give `module:function` or `file.py:function`"
-    return load_callable(spec, "reward", f"; {known}")
+    fn = load_callable(spec, "reward", f"; {known}")
+    if data is None or data.reward_isolation == "thread" or inspect.iscoroutinefunction(fn):
+        return fn
+    from infra.data.reward_process import ProcessReward  # noqa: PLC0415 - pebble, only for plug-ins
+
+    return ProcessReward(spec, fn, data.reward_timeout_s, data.reward_workers)
 
 
 def load_callable(spec: str, what: str, hint: str = "") -> Callable:
@@ -201,12 +206,15 @@ def score(
 ) -> list[RewardResult]:
     """Reward every (prompt, response, label); a failing item gets status "failed", reward 0
     and the error text, and the others are unaffected. With `timeout_s`, a call that runs
-    longer fails its item (its thread is abandoned: Python cannot stop a thread). A group
+    longer fails its item (its thread is abandoned: Python cannot stop a thread; a
+    `ProcessReward` stops its worker process instead). A group
     reward is called once per `groups` id, a batch reward once for all items."""
     if scope_of(fn) != "sample":
         values = score_lists(fn, items, groups or [0] * len(items), timeout_s, **kw)
         return [_result(v, reward_name(fn)) for v in values]
-    if timeout_s is None:
+    if getattr(fn, "enforces_timeout", False):
+        values = fn.call_many(items, kw)
+    elif timeout_s is None:
         values = [_call(fn, item, kw) for item in items]
     else:
         values = _call_all_with_timeout(fn, items, kw, timeout_s)
