@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.ports import free_port
 from infra.config import RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from tests.dist.rank_state import full_train_state
+from tests.dist.ranks import spawn_ranks
+from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -77,9 +77,7 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def ran(model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("critic")
-    mp.start_processes(
-        _worker, args=(free_port(), str(model_dir), str(out)), nprocs=2, start_method="spawn", join=True
-    )
+    spawn_ranks(_worker, free_port(), str(model_dir), str(out))
     return out
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.dist.ranks import spawn_ranks
 from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
@@ -71,16 +71,13 @@ def _worker(rank: int, port: int, model_dir: str, out: str, gather: str) -> None
     seen["counts_one_micro_batch"] = dict(counts)
     if rank == 0:
         torch.save({"seen": seen, "grads": grads}, f"{out}/{gather}.pt")
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def runs(model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gather")
     for gather in ("per_step", "per_micro_batch"):
-        mp.start_processes(
-            _worker, args=(free_port(), str(model_dir), str(out), gather), nprocs=2, start_method="spawn"
-        )
+        spawn_ranks(_worker, free_port(), str(model_dir), str(out), gather)
     return {g: torch.load(out / f"{g}.pt") for g in ("per_step", "per_micro_batch")}
 
 

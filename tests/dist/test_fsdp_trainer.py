@@ -9,11 +9,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.ports import free_port
 from infra.config import AlgorithmConfig, RunConfig
 from infra.rollout.batch import RolloutBatch, Sample
 from infra.weights.group import broadcast, close_update_group, open_update_group
 from tests.dist.rank_state import full_train_state
+from tests.dist.ranks import spawn_ranks
+from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -48,7 +49,7 @@ def _batch(seed: int, n: int = 8) -> RolloutBatch:
 
 
 def _spawn(fn, nprocs: int, *args) -> None:
-    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=True)
+    spawn_ranks(fn, *args, nprocs=nprocs)
 
 
 def _full_params(model) -> dict[str, torch.Tensor]:
@@ -214,7 +215,6 @@ def _sgd_worker(rank: int, port: int, model_dir: str, out: str, variant: str, ga
     init_distributed(rank, 2, ADDR, port)
     metrics, params = _sgd_run(model_dir, 2, rank, micro_batch_size=1, variant=variant, gather=gather)
     torch.save({"metrics": metrics, "params": params}, f"{out}/b{rank}.pt")
-    torch.distributed.destroy_process_group()
 
 
 # cluster.fsdp_gather: every variant with the weights gathered once per step (the default),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.dist.ranks import spawn_ranks
 from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
@@ -49,11 +49,10 @@ def _worker(rank: int, port: int, out: str) -> None:
         torch.save(
             {"outs": outs, "expected": expected, "shapes": shapes, "layouts": layouts}, f"{out}/gather.pt"
         )
-    torch.distributed.destroy_process_group()
 
 
 def test_gather_matches_full_tensor_with_uneven_shards(tmp_path: Path):
-    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    spawn_ranks(_worker, free_port(), str(tmp_path))
     result = torch.load(tmp_path / "gather.pt")
     assert {(1, 6), (5, 6), (3, 6)} <= set(result["shapes"])
     assert result["layouts"] == {(1, ("S(0)",))}  # every one takes the one-gather path

@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.ports import free_port
 from infra.model.loading import localize
 from infra.rollout.client import EngineClient
 from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.storage.fs import join
 from tests.dist.test_fsdp_trainer import ADDR, _batch, _cfg, _spawn
+from tests.ports import free_port
 
 pytestmark = pytest.mark.dist
 INPUT = torch.tensor([[5, 17, 42, 8, 99, 23], [7, 7, 60, 61, 62, 3]])

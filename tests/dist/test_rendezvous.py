@@ -13,6 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from infra.config import RunConfig
+from tests.dist.ranks import spawn_ranks
 
 pytestmark = pytest.mark.dist
 ADDR = "127.0.0.1"
@@ -47,13 +48,14 @@ def _trainer_rank(rank: int, ports, results) -> None:
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     results.put((rank, total.item()))
-    dist.destroy_process_group()
+    results.close()
+    results.join_thread()  # the rank leaves by os._exit: the queue's feeder thread first
 
 
 def test_trainer_master_port_is_bound_before_the_ranks_are_told():
     ctx = mp.get_context("spawn")
     ports, results = ctx.Queue(), ctx.Queue()
-    mp.start_processes(_trainer_rank, args=(ports, results), nprocs=2, start_method="spawn", join=True)
+    spawn_ranks(_trainer_rank, ports, results)
     got = dict(results.get(timeout=5) for _ in range(3))
     assert got["held"] == {"listening": True, "taken": True}
     assert got[0] == got[1] == 3.0  # the group formed on that port
