@@ -11,6 +11,11 @@ step behind the weights that train on it when update_weights_interval is 1 (with
 
 from __future__ import annotations
 
+from infra.cluster.cluster_token import require_cluster_token
+
+# before anything imports Ray (prefect_ray does): Ray reads its auth mode at import
+require_cluster_token()
+
 import argparse
 import importlib
 import sys

@@ -17,6 +17,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from infra.cluster.network import host_tcp_store
+
 # Models parallelized with gather="per_step" (see `micro_batches`); weak, so a dropped
 # model leaves no entry behind.
 _GATHER_PER_STEP: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -29,9 +31,7 @@ def device_type() -> str:
 def host_store(host: str, world_size: int, timeout_s: float = 600) -> dist.TCPStore:
     """Rank 0's rendezvous store, listening on a port the OS picked (`store.port`) before any
     other rank is told it: nothing can take the port between a probe and the bind."""
-    return dist.TCPStore(
-        host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+    return host_tcp_store(host, world_size, timeout_s)
 
 
 def init_distributed(

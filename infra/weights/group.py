@@ -34,20 +34,15 @@ from torch.distributed.distributed_c10d import (
     rendezvous,
 )
 
+from infra.cluster.network import host_tcp_store
+
 
 def host_update_store(
     master_address: str, world_size: int, timeout_s: float = 300, port: int = 0
 ) -> dist.TCPStore:
     """Rank 0's store for the group, already listening on `port` (0: one the OS picks); tell
     the other ranks `store.port`."""
-    return dist.TCPStore(
-        master_address,
-        port,
-        world_size,
-        is_master=True,
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
+    return host_tcp_store(master_address, world_size, timeout_s, port)
 
 
 def open_update_group(

@@ -1,4 +1,5 @@
-"""A local run beside other Ray clusters, and what its secrets leave behind.
+"""A local run beside other Ray clusters, and what its secrets leave behind; its own
+cluster refuses a driver without the run's Ray token.
 
 Each test gives Ray a temporary folder of its own (RAY_TMPDIR): the other cluster's
 current-cluster file lives there, and so do the sessions of every cluster started, whose
@@ -31,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 # In a child process: a local connect with a secret, a worker that reads it, the GCS it got.
 PROBE = textwrap.dedent(
     """
+    from infra.cluster.cluster_token import require_cluster_token
+    assert require_cluster_token()  # as flows.train does, before Ray is imported
     import os, sys, ray
     from infra.cluster.placement import plan_placement
     from infra.cluster.ray_cluster import connect
@@ -40,7 +43,17 @@ PROBE = textwrap.dedent(
     assert connect("", plan_placement(ClusterConfig()), None, {"PRL_ENGINE_API_KEY": key})
     seen = ray.get(ray.remote(lambda: os.environ.get("PRL_ENGINE_API_KEY")).remote())
     print("worker-key", seen == key)
-    print("gcs", ray.get_runtime_context().gcs_address)
+    gcs = ray.get_runtime_context().gcs_address
+    print("gcs", gcs)
+    print("token", os.environ["RAY_AUTH_TOKEN"])
+    # a driver without the cluster's token, as anyone else on the machine or the network
+    import subprocess
+    stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    joined = subprocess.run(
+        [sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('JOINED')"],
+        env=stranger, capture_output=True, text=True, timeout=120,
+    )
+    print("stranger-joined", joined.returncode == 0 or "JOINED" in joined.stdout)
     ray.shutdown()
     """
 )
@@ -90,6 +103,10 @@ def test_local_connect_starts_its_own_cluster_beside_a_live_one(ray_tmp):
     assert lines["worker-key"] == "True"
     assert lines["gcs"] and lines["gcs"] != other
     assert files_holding(ray_tmp, key) == []
+    # Ray's listeners take every interface; the cluster's token keeps strangers out, and
+    # no file holds it either
+    assert lines["stranger-joined"] == "False"
+    assert len(lines["token"]) == 64 and files_holding(ray_tmp, lines["token"]) == []
 
 
 class EngineKeyWatch(threading.Thread):
@@ -99,6 +116,7 @@ class EngineKeyWatch(threading.Thread):
     def __init__(self, ray_tmp: str):
         super().__init__(daemon=True)
         self.ray_tmp, self.key, self.status, self.done = ray_tmp, None, {}, threading.Event()
+        self.ray_auth: tuple[str | None, str | None] = (None, None)
 
     def run(self) -> None:
         while not self.done.wait(0.3) and not self.status:
@@ -113,6 +131,7 @@ class EngineKeyWatch(threading.Thread):
                 if env.get("RAY_TMPDIR") != self.ray_tmp or not env.get(API_KEY_ENV):
                     continue
                 self.key = env[API_KEY_ENV]
+                self.ray_auth = (env.get("RAY_AUTH_MODE"), env.get("RAY_AUTH_TOKEN"))
                 try:  # the server binds a port of its own choosing
                     ports = [c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
                     if ports:
@@ -157,6 +176,11 @@ def test_flow_runs_beside_a_stale_cluster_and_leaves_its_key_nowhere(ray_tmp, tm
     # the engine enforced the run's key, which the test read from the engine's environment
     assert watch.key and watch.status == {"none": 401, "run key": 200}, watch.status
     assert where_found(watch.key, out, ray_tmp, tmp_path) == []
+    # the run's Ray cluster demanded a token of its own (inherited by the engine's process),
+    # which is written nowhere either
+    mode, token = watch.ray_auth
+    assert mode == "token" and token and len(token) == 64
+    assert where_found(token, out, ray_tmp, tmp_path) == []
 
 
 def where_found(key: str, out: str, *roots: str | Path) -> list[str]:
