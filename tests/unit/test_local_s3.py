@@ -28,7 +28,8 @@ def test_serves_s3_then_stops() -> None:
 def test_a_server_that_cannot_start_fails_at_once_with_its_error() -> None:
     t0 = time.monotonic()
     # an address of no interface here (TEST-NET-3): the server's bind fails in the child at
-    # once (a host name to resolve would wait on DNS, for long where there is no network)
+    # once; the deadline is far beyond the child's start even on a loaded machine, so the
+    # error must come from the child's exit
     failure = r"(?s)moto S3 server: exited with code 1; its output:.*Cannot assign requested address"
     with pytest.raises(RuntimeError, match=failure), moto_server(host="203.0.113.1", timeout_s=90):
         pass
