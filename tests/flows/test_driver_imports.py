@@ -1,6 +1,6 @@
 """The flow's own process never imports torch on the demo: its actors' modules, the
 tokenizer check and the tiny model (from the machine's cache, built in the test's own cache
-first) need none of it (README, start-up)."""
+first) need none of it (docs/LOOP.md, start-up)."""
 
 from __future__ import annotations
 
