@@ -94,7 +94,11 @@ def moto_server(host: str = "127.0.0.1", timeout_s: float = 30.0) -> Iterator[st
         try:
             port = _read_port(proc, timeout_s)
             if port is None:
-                code = proc.poll()
+                # its stdout can close a moment before its exit status is there to read
+                try:
+                    code = proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
                 raise failed(
                     f"exited with code {code}" if code is not None else f"no port in {timeout_s:g} s"
                 )
