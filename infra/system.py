@@ -118,7 +118,6 @@ class RLSystem:
             trackers=self.trackers,
             manager=manager,
             trainers=list(self.trainers),
-            engine_urls=urls,
             run_uri=store.run_uri,
             model_uri=model_uri,
             transport=self.transport,

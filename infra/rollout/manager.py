@@ -386,6 +386,7 @@ class RolloutManager:
 
     # -- engines --------------------------------------------------------------------------
     def engine_urls(self) -> list[str]:
+        """The engines' URLs now (an engine restarted after a failure serves at a new one)."""
         return list(self.engines.urls)
 
     def set_engine_memory(self, resident: bool) -> None:
@@ -401,9 +402,6 @@ class RolloutManager:
     def ensure_engines(self) -> int:
         """Recover engines that are down now (before a weight sync); returns how many."""
         return self.engines.ensure_healthy()
-
-    def recoveries(self) -> list[dict]:
-        return list(self.engines.recoveries)
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:
