@@ -5,7 +5,7 @@
 One rank-like Ray actor (the project's FSDPRank with its batch inbox, no model) and a
 holder of the batch in the object store, as the rollout manager is. Per batch shape,
 alternating: the train call carries the batch's ref (Ray unpickles it before the method
-runs: the code before the staging), or the batch was staged while the rank's previous step
+runs), or the batch was staged while the rank's previous step
 ran (a sleep, which leaves the cores free as a GPU step does) and the call finds it. The
 figure is the time from the call's submit to the batch in hand, where the step would start.
 This is the call alone, with free cores; on the 2-core demo the same work runs beside

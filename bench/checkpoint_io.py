@@ -64,42 +64,53 @@ def main() -> None:
 
     import s3fs
 
-    from infra.config import TinyModelConfig
-    from infra.model.tiny import build_tiny_model
-
     with moto_s3():
         fs = s3fs.S3FileSystem()
         with tempfile.TemporaryDirectory() as tmp:
-            shape = TinyModelConfig(
-                hidden_size=args.hidden,
-                num_layers=args.layers,
-                intermediate_size=4 * args.hidden,
-                num_heads=8,
-            )
-            model_dir = build_tiny_model(Path(tmp) / "model", shape)
-            out = Path(tmp) / "dcp.json"
-            mp.start_processes(
-                _rank,
-                args=(free_port(), str(model_dir), "s3://bench/dcp", args.repeats, str(out)),
-                nprocs=2,
-                join=True,
-            )
-            dcp = json.loads(out.read_text())
-            local = Path(tmp) / "files"
-            fs.invalidate_cache()
-            fs.get("bench/dcp/ckpt0/", str(local) + "/", recursive=True)
-            nbytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
-            puts, gets = [], []
-            for i in range(args.repeats):
-                t0 = time.perf_counter()
-                fs.put(str(local) + "/", f"bench/raw{i}/", recursive=True)
-                puts.append(time.perf_counter() - t0)
-                back = Path(tmp) / f"back{i}"
-                fs.invalidate_cache()
-                t0 = time.perf_counter()
-                fs.get(f"bench/raw{i}/", str(back) + "/", recursive=True)
-                gets.append(time.perf_counter() - t0)
+            dcp = _dcp_times(Path(tmp), args.hidden, args.layers, args.repeats)
+            nbytes, puts, gets = _raw_times(fs, Path(tmp), args.repeats)
+    _report(dcp, puts, gets, nbytes, args.repeats)
 
+
+def _dcp_times(tmp: Path, hidden: int, layers: int, repeats: int) -> dict[str, list[float]]:
+    """Two FSDP2 ranks save and load their checkpoint to s3://bench/dcp; rank 0's times."""
+    from infra.config import TinyModelConfig
+    from infra.model.tiny import build_tiny_model
+
+    shape = TinyModelConfig(hidden_size=hidden, num_layers=layers, intermediate_size=4 * hidden, num_heads=8)
+    model_dir = build_tiny_model(tmp / "model", shape)
+    out = tmp / "dcp.json"
+    mp.start_processes(
+        _rank,
+        args=(free_port(), str(model_dir), "s3://bench/dcp", repeats, str(out)),
+        nprocs=2,
+        join=True,
+    )
+    return json.loads(out.read_text())
+
+
+def _raw_times(fs, tmp: Path, repeats: int) -> tuple[int, list[float], list[float]]:
+    """The bytes of the first checkpoint DCP wrote, and the times to put and get them raw."""
+    local = tmp / "files"
+    fs.invalidate_cache()
+    fs.get("bench/dcp/ckpt0/", str(local) + "/", recursive=True)
+    nbytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+    puts, gets = [], []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fs.put(str(local) + "/", f"bench/raw{i}/", recursive=True)
+        puts.append(time.perf_counter() - t0)
+        back = tmp / f"back{i}"
+        fs.invalidate_cache()
+        t0 = time.perf_counter()
+        fs.get(f"bench/raw{i}/", str(back) + "/", recursive=True)
+        gets.append(time.perf_counter() - t0)
+    return nbytes, puts, gets
+
+
+def _report(
+    dcp: dict[str, list[float]], puts: list[float], gets: list[float], nbytes: int, repeats: int
+) -> None:
     best = {
         k: min(v)
         for k, v in {
@@ -113,9 +124,7 @@ def main() -> None:
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     )
-    print(
-        f"checkpoint: {mib:.1f} MiB (model + AdamW + scheduler + RNG), 2 FSDP2 ranks, best of {args.repeats}"
-    )
+    print(f"checkpoint: {mib:.1f} MiB (model + AdamW + scheduler + RNG), 2 FSDP2 ranks, best of {repeats}")
     for k, v in best.items():
         print(f"  {k:9s} {v:7.3f} s  {mib / v:8.1f} MiB/s")
     print(f"save throughput vs raw put: {best['raw_put'] / best['dcp_save']:.2f}x (best of each)")

@@ -55,8 +55,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     run = RunHandles(
-        cfg=RunConfig(), manager=None, trainers=[None, None], engine_urls=["http://127.0.0.1:1"],
-        run_uri="runs/x", model_uri="runs/x/base_model", transport=None,
+        cfg=RunConfig(), manager=None, trainers=[None, None], run_uri="runs/x",
+        model_uri="runs/x/base_model", transport=None,
     )  # fmt: skip
     plain, wrapped = [], []
     for _ in range(args.repeats):  # alternating, so both sides see the same machine

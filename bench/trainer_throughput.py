@@ -104,20 +104,9 @@ def main() -> None:
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     by_count = {"samples": args.samples, "micro_batch_size": args.micro_batch}
     budget = args.micro_batch * longest
-    by_tokens = {**by_count, "micro_batch_tokens": budget}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_tiny_model(Path(tmp) / "model", TinyModelConfig()))
-        runs = {
-            "1 process, by count": measure(model_dir, 1, dict(by_count), args.repeats, tmp),
-            "2 ranks, by count": measure(model_dir, 2, dict(by_count), args.repeats, tmp),
-            "2 ranks, by count, gathered per micro-batch": measure(
-                model_dir, 2, {**by_count, "gather": "per_micro_batch"}, args.repeats, tmp
-            ),
-            "2 ranks, by tokens": measure(model_dir, 2, dict(by_tokens), args.repeats, tmp),
-            "2 ranks, by count, old-logprob pass": measure(
-                model_dir, 2, {**by_count, "old_pass": True}, args.repeats, tmp
-            ),
-        }
+        runs = _runs(model_dir, by_count, budget, args.repeats, tmp)
     print(
         f"tiny demo model; {args.samples} samples, {tokens} tokens (longest row {longest}); "
         f"micro_batch_size {args.micro_batch}, micro_batch_tokens {budget}; 1 thread per process"
@@ -125,36 +114,53 @@ def main() -> None:
     rates = {name: [tokens / t for t in times] for name, times in runs.items()}
     for name, values in rates.items():
         print(f"{name:44s} tokens/s: {spread(values, '{:.0f}')}")
-    one, two, per_mb, packed, old_pass = rates.values()
-    print(
-        ratio_line(
-            "trainer 2 FSDP2 ranks / 1 process, tokens/s",
-            [b / a for a, b in zip(one, two, strict=True)],
-            "> 1x",
-        )
-    )
-    print(
-        ratio_line(
-            "trainer token-budget / sample-count micro-batches (2 ranks), tokens/s",
-            [b / a for a, b in zip(two, packed, strict=True)],
-            "> 1x when lengths vary",
-        )
-    )
-    print(
-        ratio_line(
-            "trainer weights gathered once per step / per micro-batch (2 ranks), tokens/s",
-            [b / a for a, b in zip(per_mb, two, strict=True)],
-            "none (diagnostic)",
-        )
-    )
-    print(
-        ratio_line(
-            "trainer old logprobs from the step's forward / from a pass of their own (2 ranks), tokens/s",
-            [b / a for a, b in zip(old_pass, two, strict=True)],
-            "none (diagnostic)",
-        )
-    )
+    _report_ratios(*rates.values())
     print(f"median step time: {', '.join(f'{n} {statistics.median(t):.2f} s' for n, t in runs.items())}")
+
+
+def _runs(model_dir: str, by_count: dict, budget: int, repeats: int, tmp: str) -> dict[str, list[float]]:
+    """Every measured setup's step times, in the order `_report_ratios` takes them."""
+    by_tokens = {**by_count, "micro_batch_tokens": budget}
+    return {
+        "1 process, by count": measure(model_dir, 1, dict(by_count), repeats, tmp),
+        "2 ranks, by count": measure(model_dir, 2, dict(by_count), repeats, tmp),
+        "2 ranks, by count, gathered per micro-batch": measure(
+            model_dir, 2, {**by_count, "gather": "per_micro_batch"}, repeats, tmp
+        ),
+        "2 ranks, by tokens": measure(model_dir, 2, dict(by_tokens), repeats, tmp),
+        "2 ranks, by count, old-logprob pass": measure(
+            model_dir, 2, {**by_count, "old_pass": True}, repeats, tmp
+        ),
+    }
+
+
+def _report_ratios(
+    one: list[float], two: list[float], per_mb: list[float], packed: list[float], old_pass: list[float]
+) -> None:
+    """The tokens/s ratios between the setups (`_runs`' order)."""
+    ratios = [
+        ("trainer 2 FSDP2 ranks / 1 process, tokens/s", one, two, "> 1x"),
+        (
+            "trainer token-budget / sample-count micro-batches (2 ranks), tokens/s",
+            two,
+            packed,
+            "> 1x when lengths vary",
+        ),
+        (
+            "trainer weights gathered once per step / per micro-batch (2 ranks), tokens/s",
+            per_mb,
+            two,
+            "none (diagnostic)",
+        ),
+        (
+            "trainer old logprobs from the step's forward / from a pass of their own (2 ranks), tokens/s",
+            old_pass,
+            two,
+            "none (diagnostic)",
+        ),
+    ]
+    for label, base, measured, expected in ratios:
+        print(ratio_line(label, [b / a for a, b in zip(base, measured, strict=True)], expected))
 
 
 if __name__ == "__main__":

@@ -67,22 +67,13 @@ def _worker(
     out: str,
     bucket_mb: float | None,
 ) -> None:
+    """Process `index`: trainer ranks 0 and 1 push (rank 0 also sends the raw baseline), 2
+    receives the baseline."""
     from infra.config import RunConfig
-    from infra.weights.group import broadcast, close_update_group, open_update_group
 
     torch.set_num_threads(1)
-    raw_port = ports[1]
-    if index == 2:  # the bare receiver of the raw baseline
-        group = open_update_group(ADDR, raw_port, 1, 2, group_name="raw-baseline")
-        meta = torch.zeros(1, dtype=torch.long)
-        broadcast(group, meta, src=0)
-        sizes = torch.zeros(int(meta), dtype=torch.long)
-        broadcast(group, sizes, src=0)
-        for _ in range(WARMUP + repeats):
-            for n in sizes.tolist():
-                broadcast(group, torch.empty(n // 4, dtype=torch.float32), src=0)
-            broadcast(group, torch.ones(1), src=1)  # received: the sender's clock stops here
-        close_update_group(group)
+    if index == 2:
+        _raw_receiver(ports[1], repeats)
         return
     from infra.trainer.rank import TrainerRank
 
@@ -91,14 +82,8 @@ def _worker(
     trainer.setup(model_dir, {}, ADDR, ports[0])
     trainer.connect_engines([url])
     trainer.open_weight_group("bench-sync")
-    raw_group, flats = None, []
-    if index == 0:
-        sizes = _bucket_bytes(trainer)
-        raw_group = open_update_group(ADDR, raw_port, 0, 2, group_name="raw-baseline")
-        broadcast(raw_group, torch.tensor([len(sizes)]), src=0)
-        broadcast(raw_group, torch.tensor(sizes), src=0)
-        flats = [torch.randn(n // 4) for n in sizes]
-    pushes, phases, raws = [], [], []
+    raw = _RawSender(trainer, ports[1]) if index == 0 else None
+    pushes, phases = [], []
     # each repeat times a push, then the raw broadcast right after it: both under the same
     # load from whatever else shares the machine; the first WARMUP rounds are not recorded
     for v in range(WARMUP + repeats):
@@ -107,30 +92,71 @@ def _worker(
         stats = trainer.update_weights(v + 1)
         torch.distributed.barrier()
         push_s = time.perf_counter() - t0
-        if raw_group is not None:
-            t0 = time.perf_counter()
-            for flat in flats:
-                broadcast(raw_group, flat, src=0)
-            broadcast(raw_group, torch.zeros(1), src=1)
-            raw_s = time.perf_counter() - t0
+        raw_s = raw.send() if raw is not None else None
         if v < WARMUP:
             continue
         pushes.append(push_s)
         phases.append({k: val for k, val in stats.items() if k.startswith("time_sync_")})
-        if raw_group is not None:
-            raws.append(raw_s)
+        if raw is not None:
+            raw.times.append(raw_s)
     trainer.close_weight_group()
-    if raw_group is not None:
-        close_update_group(raw_group)
+    if raw is not None:
+        raw.close()
         result = {
             "push": pushes,
-            "raw": raws,
+            "raw": raw.times,
             "phases": phases,
             "bytes": stats["bytes"],
             "buckets": stats["num_buckets"],
         }
         Path(out).write_text(json.dumps(result))
     trainer.shutdown()
+
+
+def _raw_receiver(port: int, repeats: int) -> None:
+    """The bare far end of the raw baseline: receives what `_RawSender` sends, every round."""
+    from infra.weights.group import broadcast, close_update_group, open_update_group
+
+    group = open_update_group(ADDR, port, 1, 2, group_name="raw-baseline")
+    meta = torch.zeros(1, dtype=torch.long)
+    broadcast(group, meta, src=0)
+    sizes = torch.zeros(int(meta), dtype=torch.long)
+    broadcast(group, sizes, src=0)
+    for _ in range(WARMUP + repeats):
+        for n in sizes.tolist():
+            broadcast(group, torch.empty(n // 4, dtype=torch.float32), src=0)
+        broadcast(group, torch.ones(1), src=1)  # received: the sender's clock stops here
+    close_update_group(group)
+
+
+class _RawSender:
+    """Rank 0's side of the raw baseline: one flat tensor per bucket of the push's byte
+    sizes, from buffers allocated once, over a group of its own."""
+
+    def __init__(self, trainer, port: int) -> None:
+        from infra.weights.group import broadcast, open_update_group
+
+        sizes = _bucket_bytes(trainer)
+        self.group = open_update_group(ADDR, port, 0, 2, group_name="raw-baseline")
+        broadcast(self.group, torch.tensor([len(sizes)]), src=0)
+        broadcast(self.group, torch.tensor(sizes), src=0)
+        self.flats = [torch.randn(n // 4) for n in sizes]
+        self.times: list[float] = []
+
+    def send(self) -> float:
+        """One round: every bucket, then the receiver's answer; the seconds it took."""
+        from infra.weights.group import broadcast
+
+        t0 = time.perf_counter()
+        for flat in self.flats:
+            broadcast(self.group, flat, src=0)
+        broadcast(self.group, torch.zeros(1), src=1)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        from infra.weights.group import close_update_group
+
+        close_update_group(self.group)
 
 
 # the printed phases: label, key of the stats update_weights returns (rank 0)

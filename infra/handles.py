@@ -29,7 +29,6 @@ class RunHandles:
     cfg: RunConfig
     manager: ray.actor.ActorHandle
     trainers: list[ray.actor.ActorHandle]
-    engine_urls: list[str]
     run_uri: str
     model_uri: str
     transport: WeightTransport

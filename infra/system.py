@@ -88,7 +88,6 @@ class RLSystem:
         startup.mark("ray_connected")
         # the control workers (the flow's task runs) import Prefect while everything else starts
         self.control, warm = open_pool(self.warm_imports, CONTROL_WORKERS + int(cfg.critic.enabled))
-        local = not cfg.cluster.ray_address
         store = RunStore(cfg.storage, cfg.run_name)
         opts = storage_options(cfg.storage)
         model_uri = base_model_uri(cfg.model, store.run_uri, opts)
@@ -99,39 +98,12 @@ class RLSystem:
 
         # Engines and trainer groups start side by side (separate processes, seconds each);
         # the waits come after, engines first, so a failed engine is still the error raised.
-        self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
-        engine_urls = [e.start.remote(model_uri, opts) for e in self.engines]
-        if cfg.cluster.colocate:  # sharing devices: an engine sizes its memory before a trainer loads
-            ray.wait(engine_urls, num_returns=len(engine_urls))
-        ranks = cfg.cluster.trainer.num_workers
-        self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
-        groups = [self.trainers]
-        if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
-            n = cfg.cluster.critic.num_workers
-            self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
-            groups.append(self.critics)
-        # threaded: the trainers fetch batch k while generation of k+1 runs. Built while the
-        # engines and trainer ranks start (its process, imports, tokenizer and prompts take
-        # seconds), queued after them, and given the engines once they answer; with the
-        # engine actors and the transport it restarts a failed engine and restores its weights.
-        manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(cfg, [], model_uri)
-        self.actors.append(manager)
-        setups = []
-        for group in groups:
-            addr, port = ray.get(group[0].master_address.remote())
-            setups.append([member.setup.remote(model_uri, opts, addr, port) for member in group])
-
-        urls = ray.get(engine_urls)
-        self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
-        log.info("engines up: %s", urls)
-        startup.mark("engines_up")
-        ray.get(setups[0])
-        self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
-        startup.mark("trainers_ready")
-        if self.critics:
-            ray.get(setups[1])
-            self.pids["critic_ranks"] = ray.get([c.pid.remote() for c in self.critics])
-            startup.mark("critics_ready")
+        starting = self._start_engines(layout, model_uri, opts)
+        groups = self._place_trainer_groups(layout)
+        manager = self._start_manager(model_uri)
+        setups = [self._set_up(group, model_uri, opts) for group in groups]
+        urls = self._wait_for_engines(starting)
+        self._wait_for_trainer_groups(setups)
 
         self.transport = make_transport(cfg, self.trainers, self.engines, urls)
         self.transport.open()
@@ -146,12 +118,64 @@ class RLSystem:
             trackers=self.trackers,
             manager=manager,
             trainers=list(self.trainers),
-            engine_urls=urls,
             run_uri=store.run_uri,
             model_uri=model_uri,
             transport=self.transport,
             critics=list(self.critics),
         )
+
+    def _start_engines(self, layout: PlacementLayout, model_uri: str, opts: dict) -> list[ray.ObjectRef]:
+        """Place the engine actors and have them launch their servers; refs to their URLs."""
+        cfg, local = self.cfg, not self.cfg.cluster.ray_address
+        self.engines = self._place(EngineActor, layout, "engines", lambda i: (cfg, i, local))
+        urls = [e.start.remote(model_uri, opts) for e in self.engines]
+        if cfg.cluster.colocate:  # sharing devices: an engine sizes its memory before a trainer loads
+            ray.wait(urls, num_returns=len(urls))
+        return urls
+
+    def _place_trainer_groups(self, layout: PlacementLayout) -> list[list]:
+        """The trainer ranks, and with ppo the critic's; one list of actors per FSDP group."""
+        cfg, ranks = self.cfg, self.cfg.cluster.trainer.num_workers
+        self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
+        groups = [self.trainers]
+        if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
+            n = cfg.cluster.critic.num_workers
+            self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
+            groups.append(self.critics)
+        return groups
+
+    def _start_manager(self, model_uri: str) -> ray.actor.ActorHandle:
+        # threaded: the trainers fetch batch k while generation of k+1 runs. Built while the
+        # engines and trainer ranks start (its process, imports, tokenizer and prompts take
+        # seconds), queued after them, and given the engines once they answer; with the
+        # engine actors and the transport it restarts a failed engine and restores its weights.
+        manager = (
+            ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(self.cfg, [], model_uri)
+        )
+        self.actors.append(manager)
+        return manager
+
+    @staticmethod
+    def _set_up(group: list, model_uri: str, opts: dict) -> list[ray.ObjectRef]:
+        """Every member of an FSDP group loads the model, meeting at its rank 0's address."""
+        addr, port = ray.get(group[0].master_address.remote())
+        return [member.setup.remote(model_uri, opts, addr, port) for member in group]
+
+    def _wait_for_engines(self, starting: list[ray.ObjectRef]) -> list[str]:
+        urls = ray.get(starting)
+        self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
+        log.info("engines up: %s", urls)
+        startup.mark("engines_up")
+        return urls
+
+    def _wait_for_trainer_groups(self, setups: list[list[ray.ObjectRef]]) -> None:
+        ray.get(setups[0])
+        self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
+        startup.mark("trainers_ready")
+        if self.critics:
+            ray.get(setups[1])
+            self.pids["critic_ranks"] = ray.get([c.pid.remote() for c in self.critics])
+            startup.mark("critics_ready")
 
     def _order_bundles(self, layout: PlacementLayout) -> None:
         self.order = {

@@ -2,10 +2,10 @@
 at a time, in the order the flow submitted it.
 
 The loop's critical path is a chain: train k, then the weight sync, then train k+1, each
-waiting for the one before. As Ray tasks, every link went through the flow's process: the
-upstream's worker returned its result there, the downstream's arguments were resolved
-there, and a worker was leased for it from the raylet before it could start (a timeline of
-the demo: 6-8 ms a link on 2 busy cores, twice an iteration). An actor runs what one
+waiting for the one before. As Ray tasks, every link would go through the flow's process:
+the upstream's worker would return its result there, the downstream's arguments would be
+resolved there, and a worker would be leased for it from the raylet before it could start
+(a timeline of the demo: 6-8 ms a link on 2 busy cores, twice an iteration). An actor runs what one
 caller sent it in the order it was sent, so a task run queued behind the one it waits for
 is already on that worker, and starts when the worker is done with the one before.
 

@@ -19,7 +19,7 @@ means the model reads the prompt, and eval accuracy means it generalises.
   prompts, shuffled so any leading subset is representative); train is the other 80. The
   best constant answer (29) scores 8/80 = 0.1 on train and 2/20 = 0.1 on eval; under the
   partial-credit `char_match` reward the best constant (29) scores 0.325 on either split.
-  (a, b in 10..49, 1600 prompts, was too much for the tiny model to learn in a demo run.)
+  (a, b in 10..49, 1600 prompts, is too much for the tiny model to learn in a demo run.)
 - `pair-copy`: `"{a}{b}:"` -> `"{a}{b}"` for digits a, b (100 prompts): answers of two
   tokens, each the token two positions back. Eval holds out two pairs for every first digit
   (20 prompts, shuffled); train is the other 80. Every answer is one prompt's, so a constant
@@ -68,7 +68,7 @@ def _digit_add(split: Split) -> list[dict]:
 def _digit_copy(split: Split) -> list[dict]:
     # The end mark varies, so held-out prompts pair every answer with an end mark it was never
     # trained with; each answer keeps 4 train and 1 eval prompt. The prompt holds one digit
-    # only, as `"7:"` did, so the task stays as easy as it was before it had a split.
+    # and one mark only, so the task stays as easy as copying that digit.
     rng = np.random.default_rng(_DIGIT_COPY_SPLIT_SEED)
     rows = []
     for d in range(10):

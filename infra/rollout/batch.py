@@ -45,8 +45,8 @@ class Sample:
     loss_mask: list[int] | None = None
 
     def to_row(self) -> dict:
-        # shallow: the row is read, never changed (asdict's deep copy of every token list
-        # was a third of the rollout manager's time writing the rollout's parquet)
+        # shallow: the row is read, never changed (asdict would deep-copy every token list,
+        # a third of the rollout manager's time writing the rollout's parquet)
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

@@ -4,7 +4,7 @@ Each call opens its own short-lived `httpx.Client`: the trainer posts
 `update_weights_from_distributed` from a background thread while it broadcasts, and the
 rollout manager generates from a thread pool, so no connection state is shared. They
 share one TLS context, made once: httpx would otherwise load the CA bundle for every
-client (~45 ms each, measured), which was most of a weight sync's time on the tiny model.
+client (~45 ms each, measured): most of a weight sync's time on the tiny model.
 """
 
 from __future__ import annotations

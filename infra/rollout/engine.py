@@ -193,14 +193,8 @@ def launch_engine(
     server is up): never a command line, which `ps` shows. SGLang prints its arguments at
     start, so its output passes through a filter that redacts the key before the log."""
     key = os.environ.get(API_KEY_ENV) or None
-    config_dir = None
-    config_file = None
-    if kind == "sglang" and key:
-        config_dir = tempfile.mkdtemp(prefix="prl-sglang-")  # 0700: this user only
-        config_file = os.path.join(config_dir, "secrets.yaml")
-        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+    redact = key if kind == "sglang" else None
+    config_dir, config_file = _secrets_file(key) if redact else (None, None)
     cmd = engine_command(
         kind,
         model_path,
@@ -213,16 +207,46 @@ def launch_engine(
         config_file=config_file,
         group_timeout_s=group_timeout_s,
     )
+    env = _engine_env(kind, threads, sglang)
+    proc = _spawn(cmd, env, log_path, piped=bool(redact))
+    proc.log_path = log_path
+    proc.config_dir = config_dir
+    proc.host, proc.port = host, port
+    if redact:
+        threading.Thread(
+            target=_copy_redacted, args=(proc.stdout, log_path, redact), daemon=True, name="engine-log"
+        ).start()
+    return proc
+
+
+def _secrets_file(key: str) -> tuple[str, str]:
+    """A private SGLang config file holding the API key: its folder and its path."""
+    config_dir = tempfile.mkdtemp(prefix="prl-sglang-")  # 0700: this user only
+    config_file = os.path.join(config_dir, "secrets.yaml")
+    fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+    return config_dir, config_file
+
+
+def _engine_env(
+    kind: Literal["torch", "sglang"], threads: int, sglang: SGLangLaunch | None
+) -> dict[str, str]:
+    """This process's environment with the server's thread counts, and SGLang's settings."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     # the built-in server is a module of this repository, wherever the caller runs from
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
     if kind == "sglang":
         launch = sglang or SGLangLaunch()
         env = sglang_env(env, cpu=launch.cpu, tp_size=launch.tp_size)
-    redact = key if kind == "sglang" else None
-    out = subprocess.PIPE if redact else _log_file(log_path)
+    return env
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: str | None, piped: bool) -> EngineProcess:
+    """The server process, its output piped (for a filter to read) or into `log_path`."""
+    out = subprocess.PIPE if piped else _log_file(log_path)
     try:
-        proc = EngineProcess(
+        return EngineProcess(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -232,16 +256,8 @@ def launch_engine(
             start_new_session=False,
         )
     finally:
-        if log_path and not redact:
+        if log_path and not piped:
             out.close()
-    proc.log_path = log_path
-    proc.config_dir = config_dir
-    proc.host, proc.port = host, port
-    if redact:
-        threading.Thread(
-            target=_copy_redacted, args=(proc.stdout, log_path, redact), daemon=True, name="engine-log"
-        ).start()
-    return proc
 
 
 def _log_file(log_path: str | None):

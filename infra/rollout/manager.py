@@ -40,6 +40,11 @@ from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 KEEP_SUMMARIES = 4
 
 
+def _status(finish_reason: str) -> str:
+    """A sample's status from its SGLang finish reason type."""
+    return {"length": "truncated", "abort": "aborted"}.get(finish_reason, "completed")
+
+
 def _plain(value):
     # parquet hands back numpy arrays and scalars; the trainer expects Python lists/numbers
     return value.tolist() if hasattr(value, "tolist") else value
@@ -135,19 +140,30 @@ class RolloutManager:
         random rids). Samples of one prompt are consecutive inputs: SGLang's prefix cache
         shares their prompt.
         """
+        params = self._sampling_params(temperature, max_new_tokens)
+        if self.generate_fn is not None:
+            return self._sample_custom(rows, n, params, seed, rid)
+        outs = self._generate_on_engines([r["prompt_ids"] for r in rows], n, params, seed, rid)
+        # sample j is copy j % n of prompt j // n
+        return [self._sample_of(out, rows[j // n], j // n) for j, out in enumerate(outs)]
+
+    def _sampling_params(self, temperature: float, max_new_tokens: int | None) -> dict:
         s = self.cfg.rollout.sampling
-        params = {
+        return {
             "max_new_tokens": max_new_tokens or s.max_new_tokens,
             "temperature": temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
             "stop_token_ids": self.stop_ids,
         }
-        if self.generate_fn is not None:
-            return self._sample_custom(rows, n, params, seed, rid)
-        prompt_ids = [r["prompt_ids"] for r in rows]
-        total = len(rows) * n
-        per_engine = -(-len(rows) // len(self.engines)) * n  # whole groups per engine
+
+    def _generate_on_engines(
+        self, prompt_ids: list[list[int]], n: int, params: dict, seed: int, rid: str
+    ) -> list[dict]:
+        """n samples of every prompt; each engine gets one request of whole groups, all at once.
+        The replies in sample order."""
+        total = len(prompt_ids) * n
+        per_engine = -(-len(prompt_ids) // len(self.engines)) * n  # whole groups per engine
         chunks = [range(i, min(i + per_engine, total)) for i in range(0, total, per_engine)]
 
         def run(e: int) -> list[dict]:
@@ -163,27 +179,24 @@ class RolloutManager:
             )
 
         with ThreadPoolExecutor(len(chunks)) as pool:
-            outs = [o for chunk_outs in pool.map(run, range(len(chunks))) for o in chunk_outs]
-        samples = []
-        for j, out in enumerate(outs):  # sample j is copy j % n of prompt j // n
-            g = j // n
-            meta = out["meta_info"]
-            finish = (meta.get("finish_reason") or {}).get("type", "")
-            samples.append(
-                Sample(
-                    prompt=rows[g]["prompt_text"],
-                    label=rows[g]["label"],
-                    response=self.tokenizer.decode(out["output_ids"], skip_special_tokens=True),
-                    prompt_ids=prompt_ids[g],
-                    response_ids=list(out["output_ids"]),
-                    engine_logprobs=[float(t[0]) for t in meta["output_token_logprobs"]],
-                    weight_version=weight_version_of(meta["weight_version"]),
-                    group=g,
-                    status={"length": "truncated", "abort": "aborted"}.get(finish, "completed"),
-                    finish_reason=finish,
-                )
-            )
-        return samples
+            return [o for chunk_outs in pool.map(run, range(len(chunks))) for o in chunk_outs]
+
+    def _sample_of(self, out: dict, row: dict, group: int) -> Sample:
+        """An engine's /generate reply for one sample of `row` as a Sample."""
+        meta = out["meta_info"]
+        finish = (meta.get("finish_reason") or {}).get("type", "")
+        return Sample(
+            prompt=row["prompt_text"],
+            label=row["label"],
+            response=self.tokenizer.decode(out["output_ids"], skip_special_tokens=True),
+            prompt_ids=row["prompt_ids"],
+            response_ids=list(out["output_ids"]),
+            engine_logprobs=[float(t[0]) for t in meta["output_token_logprobs"]],
+            weight_version=weight_version_of(meta["weight_version"]),
+            group=group,
+            status=_status(finish),
+            finish_reason=finish,
+        )
 
     def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:
         """rollout.generate_fn over each prompt group (groups spread over the engines)."""
@@ -225,7 +238,7 @@ class RolloutManager:
                 engine_logprobs=[float(x) for x in t.engine_logprobs],
                 weight_version=weight_version_of(t.weight_version),
                 group=g,
-                status={"length": "truncated", "abort": "aborted"}.get(t.finish_reason, "completed"),
+                status=_status(t.finish_reason),
                 finish_reason=t.finish_reason,
                 loss_mask=list(t.loss_mask),
             )
@@ -373,6 +386,7 @@ class RolloutManager:
 
     # -- engines --------------------------------------------------------------------------
     def engine_urls(self) -> list[str]:
+        """The engines' URLs now (an engine restarted after a failure serves at a new one)."""
         return list(self.engines.urls)
 
     def set_engine_memory(self, resident: bool) -> None:
@@ -388,9 +402,6 @@ class RolloutManager:
     def ensure_engines(self) -> int:
         """Recover engines that are down now (before a weight sync); returns how many."""
         return self.engines.ensure_healthy()
-
-    def recoveries(self) -> list[dict]:
-        return list(self.engines.recoveries)
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, rollout_id: int) -> dict:

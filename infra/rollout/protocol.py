@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from infra.model.tokenizer import describe_characters, unknown_characters
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 
 class BadRequest(ValueError):
     """A request the engine rejects (HTTP 400); the message names the offending field."""
+
+
+def failure(message: str, status: int = 400) -> JSONResponse:
+    """SGLang's reply to a request it could not carry out."""
+    return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
 # Sequences one /generate may ask for (inputs x n): one batch holds them all in memory.

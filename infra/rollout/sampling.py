@@ -105,6 +105,101 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
     return ids, mask, positions
 
 
+def _row_uniforms(
+    generator: torch.Generator | list[torch.Generator] | None, steps: int
+) -> torch.Tensor | None:
+    """With one generator per row, every draw of each row, [step, row]; else None."""
+    if not isinstance(generator, list):
+        return None
+    # a row's draws come from its own generator only, all of them up front: one call per
+    # row instead of one per row and token; [step, row], so a step's draws are contiguous
+    return torch.stack([torch.rand(steps, generator=g, dtype=torch.float64) for g in generator], dim=1)
+
+
+class _Sampler:
+    """Each step's token of every row from the step's logits, with its logprob."""
+
+    def __init__(
+        self,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        generator: torch.Generator | list[torch.Generator] | None,
+        steps: int,
+        device: torch.device,
+    ) -> None:
+        self.temperature, self.top_k, self.top_p, self.device = temperature, top_k, top_p, device
+        self.greedy = temperature < GREEDY_TEMPERATURE
+        self.generator = None if isinstance(generator, list) else generator
+        self.uniforms = _row_uniforms(generator, steps)
+
+    def __call__(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's tokens, and the log-softmax they are drawn from (every token's)."""
+        # The logprob is that of the unprocessed policy at the sampling temperature, not of
+        # the top-k/top-p-truncated distribution: the trainer recomputes logprobs from the
+        # plain model at this temperature, and the two must describe the same distribution
+        # for importance ratios (and train/inference mismatch checks) to make sense.
+        scaled = logits if self.greedy or self.temperature == 1.0 else logits / self.temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        if self.greedy:
+            return scaled.argmax(dim=-1), logprobs
+        probs = torch.softmax(_filter_top_k_top_p(scaled, self.top_k, self.top_p), dim=-1)
+        row_draws = None if self.uniforms is None else self.uniforms[step]
+        return _draw(probs.cpu(), self.generator, row_draws).to(self.device), logprobs
+
+
+class _Outputs:
+    """Every row's token and logprob of every step, and how and when each row ended.
+
+    The tokens and logprobs go into two tensors, read out once at the end; per step only
+    the rows that end are handled in Python. A row's output is its first `lengths[row]`
+    steps."""
+
+    def __init__(self, rows: int, steps: int, device: torch.device) -> None:
+        self.ids = torch.empty(steps, rows, dtype=torch.long, device=device)
+        self.logprobs = torch.empty(steps, rows, dtype=torch.float32, device=device)
+        self.lengths = [steps] * rows
+        # a row that meets no stop token and is not aborted ends by length
+        self.reasons: list[dict] = [{"type": "length", "length": steps} for _ in range(rows)]
+        self.live = torch.ones(rows, dtype=torch.bool, device=device)
+        self.steps = 0  # steps recorded
+
+    def abort(self, flags: list[bool], step: int) -> bool:
+        """End the flagged rows before `step`; True when no row is left."""
+        if not any(flags):
+            return False
+        for row, aborted in enumerate(flags):
+            if aborted and self.reasons[row]["type"] == "length":  # not ended yet
+                self.reasons[row] = {"type": "abort"}
+                self.lengths[row] = step
+                self.live[row] = False
+        return not self.live.any()
+
+    def record(self, step: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        self.ids[step] = tokens
+        self.logprobs[step] = logprobs.gather(-1, tokens[:, None]).flatten()
+        self.steps = step + 1
+
+    def stop(self, step: int, tokens: torch.Tensor, stop_ids: torch.Tensor) -> bool:
+        """End the live rows whose `step` token is a stop token; True when no row is left."""
+        ended = torch.isin(tokens, stop_ids) & self.live
+        if not ended.any():
+            return False
+        for row in ended.nonzero().flatten().tolist():
+            self.reasons[row] = {"type": "stop", "matched": int(tokens[row])}
+            self.lengths[row] = step + 1
+        self.live &= ~ended
+        return not self.live.any()
+
+    def samples(self) -> list[SampleOut]:
+        ids = self.ids[: self.steps].t().tolist()
+        logprobs = self.logprobs[: self.steps].t().tolist()
+        return [
+            SampleOut(output_ids=ids[row][:n], logprobs=logprobs[row][:n], finish_reason=self.reasons[row])
+            for row, n in enumerate(self.lengths)
+        ]
+
+
 @torch.inference_mode()
 def sample_batch(
     model: torch.nn.Module,
@@ -136,82 +231,27 @@ def sample_batch(
     stops = set(stop_token_ids)
     if eos_token_id is not None and not ignore_eos:
         stops.add(eos_token_id)
-    pad_id = eos_token_id if eos_token_id is not None else 0
-    greedy = temperature < GREEDY_TEMPERATURE
-
-    ids, mask, positions = _left_pad(prompts, pad_id, device)
-    rows = len(prompts)
+    stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
+    ids, mask, positions = _left_pad(prompts, eos_token_id if eos_token_id is not None else 0, device)
     decode = (
         LeanLlamaDecoder(model, mask, max_new_tokens)
         if lean_llama.supports(model)
         else _HFDecoder(model, mask)
     )
-    # a row's draws come from its own generator only, all of them up front: one call per
-    # row instead of one per row and token; [step, row], so a step's draws are contiguous
-    uniforms = None
-    if isinstance(generator, list):
-        uniforms = torch.stack(
-            [torch.rand(max_new_tokens, generator=g, dtype=torch.float64) for g in generator], dim=1
-        )
-    # Every row's token and logprob of every step go into two tensors, read out once at the
-    # end; per step only the rows that end are handled in Python. A row's output is its
-    # first `lengths[row]` steps.
-    out_ids = torch.empty(max_new_tokens, rows, dtype=torch.long, device=device)
-    out_logprobs = torch.empty(max_new_tokens, rows, dtype=torch.float32, device=device)
-    lengths = [max_new_tokens] * rows
-    # a row that meets no stop token and is not aborted ends by length
-    reasons: list[dict] = [{"type": "length", "length": max_new_tokens} for _ in prompts]
-    live = torch.ones(rows, dtype=torch.bool, device=device)
-    stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
-    steps = 0
+    sample = _Sampler(temperature, top_k, top_p, generator, max_new_tokens, device)
+    out = _Outputs(len(prompts), max_new_tokens, device)
     # the position of every step's token, per row (one column per step)
     next_positions = positions[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
-        if should_abort is not None:
-            flags = should_abort()
-            if any(flags):
-                for row, aborted in enumerate(flags):
-                    if aborted and reasons[row]["type"] == "length":  # not ended yet
-                        reasons[row] = {"type": "abort"}
-                        lengths[row] = step
-                        live[row] = False
-                if not live.any():
-                    break
-        logits = decode(step_ids, step_positions).float()
-        # The logprob is that of the unprocessed policy at the sampling temperature, not of
-        # the top-k/top-p-truncated distribution: the trainer recomputes logprobs from the
-        # plain model at this temperature, and the two must describe the same distribution
-        # for importance ratios (and train/inference mismatch checks) to make sense.
-        scaled = logits if greedy or temperature == 1.0 else logits / temperature
-        logprobs = torch.log_softmax(scaled, dim=-1)
-        if greedy:
-            tokens = scaled.argmax(dim=-1)
-        else:
-            probs = torch.softmax(_filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
-            row_draws = None if uniforms is None else uniforms[step]
-            tokens = _draw(probs.cpu(), None if isinstance(generator, list) else generator, row_draws).to(
-                device
-            )
-        out_ids[step] = tokens
-        out_logprobs[step] = logprobs.gather(-1, tokens[:, None]).flatten()
-        steps = step + 1
-        if stop_ids is not None:
-            ended = torch.isin(tokens, stop_ids) & live
-            if ended.any():
-                for row in ended.nonzero().flatten().tolist():
-                    reasons[row] = {"type": "stop", "matched": int(tokens[row])}
-                    lengths[row] = step + 1
-                live &= ~ended
-                if not live.any():
-                    break
+        if should_abort is not None and out.abort(should_abort(), step):
+            break
+        tokens, logprobs = sample(decode(step_ids, step_positions).float(), step)
+        out.record(step, tokens, logprobs)
+        if stop_ids is not None and out.stop(step, tokens, stop_ids):
+            break
         # finished rows go on with whatever they drew (their outputs are ignored); rows
         # never attend to each other, so this cannot change the live rows
         step_ids = tokens[:, None]
         step_positions = next_positions[:, step : step + 1]
-    ids_list = out_ids[:steps].t().tolist()
-    logprobs_list = out_logprobs[:steps].t().tolist()
-    return [
-        SampleOut(output_ids=ids_list[row][:n], logprobs=logprobs_list[row][:n], finish_reason=reasons[row])
-        for row, n in enumerate(lengths)
-    ]
+    return out.samples()

@@ -8,7 +8,7 @@ from torch.distributed.tensor import DTensor
 
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
-from infra.trainer.batches import all_reduce_sum, collate, logits_of
+from infra.trainer.batches import MicroBatch, all_reduce_sum, collate, logits_of
 from infra.trainer.guard import any_rank, is_finite
 from infra.trainer.losses import (
     aggregation_weights,
@@ -141,73 +141,107 @@ def _policy_steps(
     With `old`, each micro-batch's old logprobs are recorded from its own forward, detached
     (one step on the batch: `old_logprobs_from_first_step`)."""
     device = plan[0][0].mask.device
-    mode, eps_high = cfg.agg_mode, cfg.eps_clip_high or cfg.eps_clip
-    gspo = cfg.advantage_estimator == "gspo"
-    kl_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward
-    # token sums: clipped high, low, dual, entropy, kl; then the step's weighted loss
-    sums = torch.zeros(5, device=device)
-    losses, grad_norms, lr, skipped, total_tokens = [], [], 0.0, 0, 0.0
+    objective_of = _PolicyObjective(cfg, temperature, max_response_len, old)
+    stats = _StepStats(device)
     for _ in range(cfg.ppo_epochs):
         for step in plan:
-            counts = torch.stack(
-                [sum(mb.mask.sum() for mb in step), sum((mb.mask.sum(-1) > 0).float().sum() for mb in step)]
-            )
-            tokens, seqs = all_reduce_sum(counts, world_size).tolist()
-            total_tokens += tokens
+            tokens, seqs = _step_counts(step, world_size)
+            stats.tokens += tokens
             step_loss = torch.zeros((), device=device)
             for i, mb in enumerate(step):
-                logits = logits_of(model, mb)
-                logp = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
-                if old is not None:
-                    old.record(mb, logp.detach())
-                pl = policy_loss(
-                    logp, mb.old_logprobs, mb.advantages, mb.mask, cfg.eps_clip, eps_high,
-                    None if gspo else cfg.clip_ratio_c, sequence_level=gspo,
-                )  # fmt: skip
-                per_token = pl.loss if mb.tis_weights is None else pl.loss * mb.tis_weights
-                entropy = entropy_from_logits(logits if cfg.entropy_coef else logits.detach(), temperature)
-                per_token = per_token - cfg.entropy_coef * entropy
-                kl = torch.zeros_like(logp)
-                if mb.ref_logprobs is not None:
-                    kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_type)
-                    if kl_loss:
-                        per_token = per_token + cfg.kl_coef * kl
-                w = aggregation_weights(mb.mask, mode, tokens, seqs, max_response_len)
-                objective = (per_token * w).sum()
+                objective, terms = objective_of(model, mb, tokens, seqs)
                 fsdp.before_backward(last=i == len(step) - 1)
                 # x world_size undoes FSDP's averaging of gradients over ranks
                 (objective * world_size).backward()
                 step_loss += objective.detach()
-                m = mb.mask
-                sums += torch.stack(
-                    [
-                        (t.detach() * m).sum()
-                        for t in (pl.clipped_high, pl.clipped_low, pl.dual_clipped, entropy, kl)
-                    ]
-                )
+                stats.add_micro_batch(terms, mb.mask)
             step_loss = all_reduce_sum(step_loss, world_size)
-            lr = scheduler.get_last_lr()[0]
+            stats.lr = scheduler.get_last_lr()[0]
             norm = guarded_step(model, optimizer, scheduler, step_loss, cfg.grad_clip, world_size)
-            if norm is None:
-                skipped += 1
-                continue
-            losses.append(float(step_loss))
-            grad_norms.append(norm)
+            stats.add_step(step_loss, norm)
+    return stats.metrics(world_size, len(plan) * cfg.ppo_epochs, cfg.ppo_epochs)
 
-    high, low, dual, entropy, kl = all_reduce_sum(sums, world_size).tolist()
-    per_token = max(total_tokens, 1.0)
-    num_steps = len(plan) * cfg.ppo_epochs
-    return {
-        "loss": sum(losses) / len(losses) if losses else 0.0,
-        "pg_clipfrac": (high + low) / per_token,
-        "pg_clipfrac_high": high / per_token,
-        "pg_clipfrac_low": low / per_token,
-        "pg_clipfrac_dual": dual / per_token,
-        "kl": kl / per_token,
-        "entropy": entropy / per_token,
-        "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
-        "lr": lr,
-        "num_steps": num_steps,
-        "skipped_steps": skipped,
-        "response_tokens": int(total_tokens / cfg.ppo_epochs),
-    }
+
+def _step_counts(step: list[MicroBatch], world_size: int) -> tuple[float, float]:
+    """The step's response tokens and sequences over all ranks (the aggregation's divisors)."""
+    counts = torch.stack(
+        [sum(mb.mask.sum() for mb in step), sum((mb.mask.sum(-1) > 0).float().sum() for mb in step)]
+    )
+    tokens, seqs = all_reduce_sum(counts, world_size).tolist()
+    return tokens, seqs
+
+
+class _PolicyObjective:
+    """One micro-batch's share of its step's loss: the clipped policy-gradient loss, the
+    entropy bonus and, unless the KL is in the reward, the KL penalty, aggregated per
+    `agg_mode`. Also the per-token terms the step's metrics sum."""
+
+    def __init__(
+        self, cfg: AlgorithmConfig, temperature: float, max_response_len: int, old: OldPolicy | None
+    ):
+        self.cfg, self.temperature, self.max_response_len, self.old = cfg, temperature, max_response_len, old
+        self.eps_high = cfg.eps_clip_high or cfg.eps_clip
+        self.gspo = cfg.advantage_estimator == "gspo"
+        self.kl_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward
+
+    def __call__(
+        self, model: nn.Module, mb: MicroBatch, tokens: float, seqs: float
+    ) -> tuple[torch.Tensor, tuple]:
+        cfg = self.cfg
+        logits = logits_of(model, mb)
+        logp = token_logprobs(logits, mb.input_ids[:, 1:], self.temperature)
+        if self.old is not None:
+            self.old.record(mb, logp.detach())
+        pl = policy_loss(
+            logp, mb.old_logprobs, mb.advantages, mb.mask, cfg.eps_clip, self.eps_high,
+            None if self.gspo else cfg.clip_ratio_c, sequence_level=self.gspo,
+        )  # fmt: skip
+        per_token = pl.loss if mb.tis_weights is None else pl.loss * mb.tis_weights
+        entropy = entropy_from_logits(logits if cfg.entropy_coef else logits.detach(), self.temperature)
+        per_token = per_token - cfg.entropy_coef * entropy
+        kl = torch.zeros_like(logp)
+        if mb.ref_logprobs is not None:
+            kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_type)
+            if self.kl_loss:
+                per_token = per_token + cfg.kl_coef * kl
+        w = aggregation_weights(mb.mask, cfg.agg_mode, tokens, seqs, self.max_response_len)
+        return (per_token * w).sum(), (pl.clipped_high, pl.clipped_low, pl.dual_clipped, entropy, kl)
+
+
+class _StepStats:
+    """What the policy steps report: this rank's sums until `metrics` reduces them."""
+
+    def __init__(self, device: torch.device) -> None:
+        # token sums: clipped high, low, dual, entropy, kl
+        self.sums = torch.zeros(5, device=device)
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.lr, self.skipped, self.tokens = 0.0, 0, 0.0
+
+    def add_micro_batch(self, terms: tuple, mask: torch.Tensor) -> None:
+        self.sums += torch.stack([(t.detach() * mask).sum() for t in terms])
+
+    def add_step(self, step_loss: torch.Tensor, norm: float | None) -> None:
+        if norm is None:  # a skipped step (non-finite loss or gradient)
+            self.skipped += 1
+            return
+        self.losses.append(float(step_loss))
+        self.grad_norms.append(norm)
+
+    def metrics(self, world_size: int, num_steps: int, ppo_epochs: int) -> dict:
+        high, low, dual, entropy, kl = all_reduce_sum(self.sums, world_size).tolist()
+        per_token = max(self.tokens, 1.0)
+        return {
+            "loss": sum(self.losses) / len(self.losses) if self.losses else 0.0,
+            "pg_clipfrac": (high + low) / per_token,
+            "pg_clipfrac_high": high / per_token,
+            "pg_clipfrac_low": low / per_token,
+            "pg_clipfrac_dual": dual / per_token,
+            "kl": kl / per_token,
+            "entropy": entropy / per_token,
+            "grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else 0.0,
+            "lr": self.lr,
+            "num_steps": num_steps,
+            "skipped_steps": self.skipped,
+            "response_tokens": int(self.tokens / ppo_epochs),
+        }

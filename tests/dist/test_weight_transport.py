@@ -4,6 +4,7 @@ engines, one trainer rank, a real train step, then syncs with the weight check o
 from __future__ import annotations
 
 import pytest
+import ray
 
 from infra.config import RunConfig
 from infra.rollout.client import EngineClient
@@ -31,7 +32,8 @@ def _sync_after_a_step(cfg: RunConfig) -> tuple[dict, dict, list[str], object]:
         run.generate(0)
         run.train(0)
         second = run.sync(1)  # the trained weights, which differ from the engines' start
-        versions = [EngineClient(u).model_info()["weight_version"] for u in run.engine_urls]
+        urls = ray.get(run.manager.engine_urls.remote())  # the engines' current addresses
+        versions = [EngineClient(u).model_info()["weight_version"] for u in urls]
         transport = run.transport
     return first, second, versions, transport
 

@@ -236,7 +236,7 @@ def test_restore_truncates_metrics_even_without_a_checkpoint(tmp_path):
     for k in range(3):  # a run that stopped before its first save
         append_metrics(store, {"rollout_id": k})
     handles = RunHandles(
-        config, manager=None, trainers=[], engine_urls=[], run_uri=store.run_uri, model_uri="", transport=None
+        config, manager=None, trainers=[], run_uri=store.run_uri, model_uri="", transport=None
     )
     assert handles.restore() == 0
     assert read_metrics(store) == []
