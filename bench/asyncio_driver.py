@@ -26,8 +26,8 @@ from bench.common import ratio_line, spread, start_to_start, steal_share
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
-from infra.rollout.client import API_KEY_ENV
 from infra.schedule import LoopSchedule
+from infra.secrets import API_KEY_ENV
 from infra.storage.fs import RunStore
 from infra.storage.metrics import read_metrics
 from infra.system import RLSystem

@@ -60,9 +60,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from infra.config import TinyModelConfig
+    from infra.engines.client import EngineClient
+    from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
     from infra.model.tiny import build_tiny_model
-    from infra.rollout.client import EngineClient
-    from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 # first match wins: (substring of the command line, role)
 _ROLES: list[tuple[str, str]] = [
-    ("infra.rollout.server", "engine server"),
+    ("infra.engine_server.server", "engine server"),
     ("sglang.launch_server", "engine server"),
     ("gcs_server", "ray gcs"),
     ("raylet", "ray raylet"),

@@ -176,8 +176,8 @@ ENGINE_PHASES = [
 
 
 def _run(shape: TinyModelConfig, repeats: int, bucket_mb: float | None) -> dict:
+    from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
     from infra.model.tiny import build_tiny_model
-    from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", shape)

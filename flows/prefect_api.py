@@ -18,7 +18,7 @@ from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_setti
 
 from infra.lifetime import die_with_parent
 from infra.retry import poll
-from infra.rollout.client import API_KEY_ENV
+from infra.secrets import API_KEY_ENV
 
 # Prefect waits 20 s by default; a busy 2-core machine (a CI run, other jobs) can need more
 STARTUP_TIMEOUT_S = 120

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import ray
 
 from infra import startup
+from infra.cluster.rank_calls import get_ranks
 from infra.config import RunConfig
 from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore, storage_options
@@ -18,7 +19,6 @@ from infra.storage.metrics import append_metrics, truncate_metrics
 from infra.storage.run_folder import resume_point
 from infra.tracking import Trackers
 from infra.trainer.batch_inbox import FromManager
-from infra.trainer.rank_calls import get_ranks
 from infra.weights.transport import WeightTransport
 
 STARTUP_FILE = "startup.json"  # in the run folder: where the start-up time went (see infra.startup)

@@ -183,7 +183,7 @@ def load_tokenizer(cfg: RunConfig, store: RunStore):
 def check_sglang_python(configured: str) -> None:
     """The interpreter that will run `sglang.launch_server` exists and finds SGLang (on a
     local cluster the engines start on this machine; on a remote one, on its nodes)."""
-    from infra.rollout.engine import sglang_interpreter
+    from infra.engines.launch import sglang_interpreter
 
     python = sglang_interpreter(configured)
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"

@@ -6,16 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.config import RunConfig
+from infra.data.epochs import batch_ends_epoch
 
 
 def _every(interval: int | None, k: int) -> bool:
     return bool(interval) and (k + 1) % interval == 0
-
-
-def batch_ends_epoch(rollout_id: int, batch_size: int, num_prompts: int) -> bool:
-    """True when batch `rollout_id` (stream positions k*B .. (k+1)*B-1 over `num_prompts`
-    rows per epoch) holds the last prompt of an epoch: it reaches or crosses an epoch's end."""
-    return (rollout_id + 1) * batch_size // num_prompts > rollout_id * batch_size // num_prompts
 
 
 @dataclass(frozen=True)

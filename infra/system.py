@@ -23,9 +23,9 @@ from infra.cluster.ray_cluster import (
     slot_options,
 )
 from infra.config import RunConfig
+from infra.engines.actor import EngineActor
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
-from infra.rollout.engine_actor import EngineActor
 from infra.rollout.manager import RolloutManager
 from infra.storage.fs import RunStore, storage_options
 from infra.tracking import Trackers

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from tests.ports import free_port
 
 

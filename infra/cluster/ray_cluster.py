@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from infra.cluster.placement import PlacementLayout, Slot, bundle_order, local_cluster_cpus, plan_placement
 from infra.config import RunConfig
-from infra.rollout.client import API_KEY_ENV
+from infra.secrets import SECRET_ENV
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,12 +24,6 @@ CODE_PACKAGES = ("infra", "flows", "tasks")
 # the marker tells their processes apart; the job's env (code path, API URL) still applies
 # underneath (Ray merges an actor's env_vars into the job's).
 CONTROL_RUNTIME_ENV = {"env_vars": {"PRL_CONTROL_WORKER": "1"}}
-# Variables of a run's environment that are secrets. Ray writes a runtime_env's env_vars into
-# its logs (the runtime env agent's, mode 0644, each time a worker starts), so these reach the
-# workers by the worker setup hook instead: a function Ray pickles into its GCS store and runs
-# in every worker of the job as it starts; the runtime_env carries only the hook's name and
-# its key in that store.
-SECRET_ENV = (API_KEY_ENV, "PREFECT_API_KEY")
 # tasks whose events a local cluster's GCS keeps (`ray list tasks` shows the most recent)
 TASK_EVENTS_KEPT = 5000
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from infra.data.builtin_tasks import builtin_rows
-from infra.schedule import batch_ends_epoch
+from infra.data.epochs import batch_ends_epoch
 from infra.storage.fs import filesystem
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.rollout.client import EngineClient
+from infra.engines.client import EngineClient
 
 
 @dataclass

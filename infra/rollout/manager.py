@@ -22,18 +22,18 @@ from infra.config import RunConfig
 from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
 from infra.data.templating import PromptFormatter
+from infra.engines.client import EngineClient
+from infra.engines.fleet import EngineFleet
 from infra.model.loading import localize
 from infra.model.tokenizer import load_tokenizer
 from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
-from infra.rollout.client import EngineClient
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
-from infra.rollout.engine_fleet import EngineFleet
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
+from infra.rollout.rollout_files import read_rollout, rollout_rel, write_rollout
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
-from infra.storage.rollouts import read_rollout, rollout_rel, write_rollout
 
 # Summaries of the latest rollouts kept for a retried generate task (the flow is at most
 # one rollout ahead of training); older ones go, or a long run keeps one dict per iteration.

@@ -6,10 +6,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from math import comb
 
+from infra.algorithms.advantages import compute_advantages, zero_variance_groups
 from infra.config import AlgorithmConfig
 from infra.data.rewards import score
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import compute_advantages, zero_variance_groups
 
 
 class TooManyFailedSamples(ValueError):

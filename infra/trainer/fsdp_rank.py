@@ -133,7 +133,7 @@ class FSDPRank:
         """Write a DCP checkpoint; with `background`, return once the state is staged and let a
         thread write it (`finish_checkpoint` waits for it). A write still running is finished first."""
         from infra.storage.dcp_io import BackgroundSave, save_state
-        from infra.trainer.guard import assert_finite_state
+        from infra.trainer.nonfinite import assert_finite_state
 
         assert_finite_state(self.model, self.optimizer, self.world_size)
         self.finish_checkpoint()

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from infra.algorithms.advantages import compute_advantages
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import compute_advantages
 from infra.trainer.batches import MicroBatch, all_reduce_max, all_reduce_sum, logits_of
 from infra.trainer.losses import LOG_RATIO_CLAMP, kl_penalty, tis_weights, token_logprobs
 from infra.trainer.ppo_targets import (

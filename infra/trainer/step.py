@@ -9,7 +9,6 @@ from torch.distributed.tensor import DTensor
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
 from infra.trainer.batches import MicroBatch, all_reduce_sum, collate, logits_of
-from infra.trainer.guard import any_rank, is_finite
 from infra.trainer.losses import (
     aggregation_weights,
     entropy_from_logits,
@@ -18,6 +17,7 @@ from infra.trainer.losses import (
     token_logprobs,
 )
 from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
+from infra.trainer.nonfinite import any_rank, is_finite
 from infra.trainer.offpolicy import OldPolicy, PublishKL, old_logprobs_from_first_step, prepare_old_policy
 from infra.trainer.parallelize import MicroBatches, micro_batches
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from infra.rollout.client import PAUSE_MODE
+from infra.engines.client import PAUSE_MODE
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
 from infra.weights.group import broadcast_async, close_update_group, host_update_store, open_update_group

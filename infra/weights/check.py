@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infra.rollout.client import EngineError
+from infra.engines.client import EngineError
 from infra.weights.engines import EngineLink
 
 CHECK_ROWS = 100  # SGLang's default truncate_size

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infra.rollout.client import EngineClient, EngineError
+from infra.engines.client import EngineClient, EngineError
 
 # SGLang's answer (400) to a begin while a session is open; the built-in server says the same
 STALE_SESSION = "already open"

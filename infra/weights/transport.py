@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import ray
 
+from infra.cluster.rank_calls import get_ranks
 from infra.config import RunConfig
 from infra.storage.fs import RunStore, storage_options
-from infra.trainer.rank_calls import get_ranks
 
 EXPORTS = "weights"
 

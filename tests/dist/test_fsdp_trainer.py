@@ -258,7 +258,7 @@ class _QueueEngine:
         return {"dtype": "float32", "tp_size": 1}
 
     def begin_weight_update(self) -> None:
-        from infra.rollout.client import EngineError
+        from infra.engines.client import EngineError
 
         raise EngineError("queue://engine/begin_weight_update: HTTP 404: Not Found", 404)
 
@@ -359,16 +359,16 @@ def _start_server(model_dir: str, session: str):
     import subprocess
     import sys
 
-    from infra.rollout.client import EngineClient
+    from infra.engines.client import EngineClient
 
     port = free_port()
-    cmd = [sys.executable, "-m", "infra.rollout.server", "--model-path", model_dir, "--port", str(port)]
+    cmd = [sys.executable, "-m", "infra.engine_server.server", "--model-path", model_dir, "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--weight-update-session", session])
     return f"http://{ADDR}:{port}", proc, EngineClient(f"http://{ADDR}:{port}")
 
 
 def _server_worker(rank: int, port: int, model_dir: str, out: str, urls: list[str]) -> None:
-    from infra.rollout.client import EngineClient
+    from infra.engines.client import EngineClient
     from infra.trainer.rank import TrainerRank, _full
     from infra.weights.check import WeightMismatchError
 
@@ -402,8 +402,8 @@ def _server_worker(rank: int, port: int, model_dir: str, out: str, urls: list[st
 def test_update_weights_to_two_builtin_engines_of_both_protocols(model_dir, tmp_path):
     """Two engine servers, one per protocol generation (update session on and off), at rank
     offsets 1 and 2 of one group; then engine 2 is perturbed and the check reports it."""
-    from infra.rollout.client import EngineError
-    from infra.rollout.engine import stop_engine
+    from infra.engines.client import EngineError
+    from infra.engines.launch import stop_engine
 
     engines = [_start_server(str(model_dir), session) for session in ("on", "off")]
     try:

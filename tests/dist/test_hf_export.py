@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from infra.model.loading import localize
-from infra.rollout.client import EngineClient
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.engines.client import EngineClient
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.storage.fs import join
 from tests.dist.test_fsdp_trainer import ADDR, _batch, _cfg, _spawn
 from tests.ports import free_port

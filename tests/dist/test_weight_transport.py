@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from infra.config import RunConfig
-from infra.rollout.client import EngineClient
+from infra.engines.client import EngineClient
 from infra.storage.fs import RunStore
 from infra.system import RLSystem
 

@@ -51,6 +51,6 @@ def engine_server_pids() -> list[int]:
     pids = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "infra.rollout.server" in cmd:
+        if "infra.engine_server.server" in cmd:
             pids.append(p.info["pid"])
     return pids

@@ -31,7 +31,9 @@ PROMPTS, N = 16, 8
 def my_engine_servers() -> list[psutil.Process]:
     """Engine servers started by this test process (never another user's)."""
     me = psutil.Process(os.getpid())
-    return [p for p in me.children(recursive=True) if "infra.rollout.server" in " ".join(p.cmdline() or [])]
+    return [
+        p for p in me.children(recursive=True) if "infra.engine_server.server" in " ".join(p.cmdline() or [])
+    ]
 
 
 class EngineKiller(threading.Thread):

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from infra.rollout.client import API_KEY_ENV
+from infra.secrets import API_KEY_ENV
 from tests.flows.test_ray_cluster import AGENT_PORTS, RAY, _ports, _stop_our_nodes, files_holding
 
 pytestmark = pytest.mark.flow
@@ -122,7 +122,7 @@ class EngineKeyWatch(threading.Thread):
         while not self.done.wait(0.3) and not self.status:
             for p in psutil.process_iter(["cmdline"]):
                 cmd = p.info["cmdline"] or []
-                if "infra.rollout.server" not in " ".join(cmd):
+                if "infra.engine_server.server" not in " ".join(cmd):
                     continue
                 try:
                     env = p.environ()

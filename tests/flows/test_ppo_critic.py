@@ -11,10 +11,10 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from flows.train import train
 from infra.config import RunConfig
 from infra.rollout.batch import Sample
+from infra.rollout.rollout_files import read_rollout
 from infra.storage.checkpoints import CheckpointStore
 from infra.storage.fs import RunStore
 from infra.storage.metrics import read_metrics
-from infra.storage.rollouts import read_rollout
 
 pytestmark = pytest.mark.flow
 

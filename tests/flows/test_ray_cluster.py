@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.rollout.client import API_KEY_ENV
+from infra.secrets import API_KEY_ENV
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.flow, pytest.mark.cluster]
@@ -143,7 +143,7 @@ class EngineEnvWatch(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.5):
             for p in psutil.process_iter(["cmdline"]):
-                if "infra.rollout.server" not in " ".join(p.info["cmdline"] or []):
+                if "infra.engine_server.server" not in " ".join(p.info["cmdline"] or []):
                     continue
                 try:
                     env = p.environ()

@@ -38,7 +38,7 @@ def engines_of(tmp_path) -> list[int]:
     pids = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "infra.rollout.server" in cmd and str(tmp_path) in cmd:
+        if "infra.engine_server.server" in cmd and str(tmp_path) in cmd:
             pids.append(p.info["pid"])
     return pids
 

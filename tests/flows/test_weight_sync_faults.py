@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.engines import connect_engines
 from infra.weights.group import close_update_group

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineClient
+from infra.engines.launch import EngineProcess, SGLangLaunch, launch_engine, serving_url, stop_engine
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import API_KEY_ENV, EngineClient
-from infra.rollout.engine import EngineProcess, SGLangLaunch, launch_engine, serving_url, stop_engine
+from infra.secrets import API_KEY_ENV
 from infra.weights.broadcast import BroadcastSender
 from infra.weights.check import WeightCheck
 from infra.weights.engines import connect_engines

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from infra.config_files import load_config
-from infra.rollout.engine import SGLangLaunch, engine_command
-from infra.rollout.engine_actor import sglang_launch
+from infra.engines.actor import sglang_launch
+from infra.engines.launch import SGLangLaunch, engine_command
 from tests.sglang.conftest import run_json
 
 pytestmark = pytest.mark.sglang

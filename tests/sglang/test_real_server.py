@@ -20,8 +20,8 @@ import psutil
 import pytest
 import torch
 
-from infra.rollout.client import EngineClient
-from infra.rollout.engine_fleet import EngineFleet
+from infra.engines.client import EngineClient
+from infra.engines.fleet import EngineFleet
 from infra.weights.broadcast import BroadcastSender
 from tests.sglang.servers import (
     RealServer,

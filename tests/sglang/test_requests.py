@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from infra.rollout.client import EngineClient
+from infra.engines.client import EngineClient
 from tests.sglang.conftest import run_json
 
 pytestmark = pytest.mark.sglang

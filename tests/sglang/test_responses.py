@@ -1,4 +1,4 @@
-"""The built-in server's replies (a real `python -m infra.rollout.server` on a tiny model) parse
+"""The built-in server's replies (a real `python -m infra.engine_server.server` on a tiny model) parse
 with SGLang's own response types, and /generate answers carry the fields SGLang's tokenizer
 manager puts in its replies."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.group import broadcast, close_update_group, open_update_group
 from tests.ports import free_port
 from tests.sglang.conftest import run_json

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineClient
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import API_KEY_ENV, EngineClient
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.secrets import API_KEY_ENV
 from tests.ports import free_port
 from tests.sglang.conftest import run_json
 

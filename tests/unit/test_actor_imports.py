@@ -17,7 +17,7 @@ ACTOR_MODULES = [
     "infra.trainer.rank",
     "infra.trainer.critic_rank",
     "infra.rollout.manager",
-    "infra.rollout.engine_actor",
+    "infra.engines.actor",
     "infra.system",
 ]
 TASK_MODULES = [

@@ -4,10 +4,7 @@ import math
 
 import pytest
 
-from infra.config import AlgorithmConfig
-from infra.rollout.batch import Sample
-from infra.rollout.scoring import assign_advantages
-from infra.trainer.advantages import (
+from infra.algorithms.advantages import (
     compute_advantages,
     grpo_advantages,
     reinforce_plus_plus_advantages,
@@ -15,6 +12,9 @@ from infra.trainer.advantages import (
     whiten_over_tokens,
     zero_variance_groups,
 )
+from infra.config import AlgorithmConfig
+from infra.rollout.batch import Sample
+from infra.rollout.scoring import assign_advantages
 
 REWARDS = [1.0, 0.0, 0.0, 1.0, 3.0, 5.0]
 GROUPS = [0, 0, 0, 0, 1, 1]

@@ -405,9 +405,9 @@ def engine(tmp_path_factory) -> Iterator:
     from fastapi.testclient import TestClient
 
     from infra.config import TinyModelConfig
+    from infra.engine_server.engine_state import EngineState
+    from infra.engine_server.server import create_app
     from infra.model.tiny import build_tiny_model
-    from infra.rollout.engine_state import EngineState
-    from infra.rollout.server import create_app
 
     model = build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig(max_position_embeddings=256))
     state = EngineState(str(model), seed=0, weight_version="0", group_timeout_s=1.0)

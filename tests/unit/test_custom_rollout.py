@@ -9,9 +9,9 @@ from infra.config import RunConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.custom import GroupRequest, Trajectory
 from infra.rollout.manager import RolloutManager
+from infra.rollout.rollout_files import read_rollout
 from infra.rollout.tool_calculator import calculate, calculator_reward
 from infra.storage.fs import RunStore
-from infra.storage.rollouts import read_rollout
 from tests.engine_server import running_engine
 
 CALCULATOR = "infra.rollout.tool_calculator:two_turn_calculator"

@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from infra.config import TinyModelConfig
+from infra.engine_server.memory import WeightOffload
+from infra.engine_server.sampling import sample_batch
+from infra.engines.client import EngineClient
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import EngineClient
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.rollout.memory import WeightOffload
-from infra.rollout.sampling import sample_batch
 from tests.ports import free_port
 
 # ~4.7M parameters (19 MB in fp32): large enough that freeing them shows in the RSS

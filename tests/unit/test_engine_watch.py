@@ -12,10 +12,10 @@ import time
 import pytest
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineError
+from infra.engines.fleet import EngineFleet
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import EngineError
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
-from infra.rollout.engine_fleet import EngineFleet
 from tests.ports import free_port
 
 HEALTH_TIMEOUT_S = 3

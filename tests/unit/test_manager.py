@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from infra.config import RunConfig, TinyModelConfig
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.storage.fs import RunStore
 from tests.ports import free_port

@@ -141,9 +141,9 @@ def test_llama_internals_the_lean_decoder_reads(tiny_dir):
     # defaults, so a renamed attribute would pass it silently: each must exist as named
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from infra.rollout import lean_llama
+    from infra.engine_server import lean_llama
 
-    with seam("transformers Llama internals", "infra/rollout/lean_llama.py", "transformers", "5.25.0"):
+    with seam("transformers Llama internals", "infra/engine_server/lean_llama.py", "transformers", "5.25.0"):
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
         assert type(model).__name__ == "LlamaForCausalLM"
         core = model.model

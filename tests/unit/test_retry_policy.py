@@ -4,11 +4,11 @@ actor's error) fails the task at once, so its message appears once, not per retr
 from prefect.states import Failed
 from ray.exceptions import RayTaskError
 
+from infra.cluster.rank_calls import TrainerRankDied
+from infra.engines.client import EngineError
 from infra.errors import is_deterministic
-from infra.rollout.client import EngineError
 from infra.rollout.scoring import TooManyFailedSamples
 from infra.storage.retry import StorageUnavailable
-from infra.trainer.rank_calls import TrainerRankDied
 from tasks.options import RETRIED, retry_transient_only
 
 

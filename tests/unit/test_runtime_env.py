@@ -6,8 +6,8 @@ from pathlib import Path
 import flows
 import infra
 import tasks
-from infra.cluster.ray_cluster import REPO_ROOT, SECRET_ENV, runtime_env
-from infra.rollout.client import API_KEY_ENV
+from infra.cluster.ray_cluster import REPO_ROOT, runtime_env
+from infra.secrets import API_KEY_ENV, SECRET_ENV
 
 REPO = str(Path(__file__).resolve().parents[2])
 

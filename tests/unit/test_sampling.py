@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
+from infra.engine_server.sampling import sample_batch
 from infra.model.tiny import build_tiny_model
-from infra.rollout.sampling import sample_batch
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20], [1, 30, 31, 32, 33]]
 
@@ -140,7 +140,7 @@ def test_per_row_generators_make_rows_independent_of_their_batch(model):
 
 
 def test_per_row_draws_follow_the_distribution():
-    from infra.rollout.sampling import _draw
+    from infra.engine_server.sampling import _draw
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(20000, 1)
     gens = [torch.Generator().manual_seed(i) for i in range(len(probs))]
@@ -156,8 +156,8 @@ def test_lean_llama_decoder_gives_the_hf_forward_logits(model, fuse):
     """The built-in engine's lean decode step (Llama) against transformers' forward, on
     left-padded prompts: prefill and every decode step, the same logits; with the layers'
     matmuls fused (as for small float32 models) and with the module weights as they are."""
-    from infra.rollout import lean_llama
-    from infra.rollout.sampling import _HFDecoder, _left_pad
+    from infra.engine_server import lean_llama
+    from infra.engine_server.sampling import _HFDecoder, _left_pad
 
     assert lean_llama.supports(model)
     assert lean_llama.should_fuse(model)  # the tiny model is small enough
@@ -176,7 +176,7 @@ def test_lean_llama_decoder_gives_the_hf_forward_logits(model, fuse):
 def test_models_the_lean_step_does_not_cover_use_the_hf_forward(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from infra.rollout import lean_llama
+    from infra.engine_server import lean_llama
 
     path = build_tiny_model(tmp_path, TinyModelConfig())
     config = AutoModelForCausalLM.from_pretrained(path).config
@@ -193,8 +193,8 @@ def test_lean_llama_decoder_with_grouped_kv_heads(tmp_path, fuse):
     kv head into one matmul; its logits still match transformers' forward."""
     from transformers import AutoModelForCausalLM
 
-    from infra.rollout import lean_llama
-    from infra.rollout.sampling import _HFDecoder, _left_pad
+    from infra.engine_server import lean_llama
+    from infra.engine_server.sampling import _HFDecoder, _left_pad
 
     config = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, TinyModelConfig())).config
     config.num_key_value_heads = config.num_attention_heads // 2

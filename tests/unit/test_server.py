@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineClient, EngineError
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import EngineClient, EngineError
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.weights.broadcast import BroadcastSender, pack
 from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
@@ -245,7 +245,15 @@ def test_weight_update_over_group(client):
 def test_session_off_speaks_the_older_protocol(model_dir):
     """`--weight-update-session off`: no session routes (404, as SGLang 0.5.16), updates go through."""
     port = free_port()
-    cmd = [sys.executable, "-m", "infra.rollout.server", "--model-path", str(model_dir), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "infra.engine_server.server",
+        "--model-path",
+        str(model_dir),
+        "--port",
+        str(port),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([*cmd, "--weight-update-session", "off"], cwd=REPO, env=env)
     client = EngineClient(f"http://127.0.0.1:{port}", timeout_s=60)
@@ -371,7 +379,7 @@ def test_stop_engine_ends_the_process(model_dir):
 def test_engine_dies_with_its_parent(model_dir):
     launcher = (
         "import sys, time\n"
-        "from infra.rollout.engine import launch_engine\n"
+        "from infra.engines.launch import launch_engine\n"
         f"p = launch_engine('torch', {str(model_dir)!r}, '127.0.0.1', {free_port()}, seed=0, threads=1)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(120)\n"

@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineClient, EngineError
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
+from infra.secrets import API_KEY_ENV
 from tests.ports import free_port
 
 KEY = "per-run-key-for-the-test"
@@ -196,8 +197,8 @@ def test_health_turns_503_when_generation_stalls(tmp_path):
     model lock, so generation cannot run, and /health must say so."""
     from fastapi.testclient import TestClient
 
-    from infra.rollout.engine_state import EngineState
-    from infra.rollout.server import create_app
+    from infra.engine_server.engine_state import EngineState
+    from infra.engine_server.server import create_app
 
     model = build_tiny_model(tmp_path / "m", TinyModelConfig())
     state = EngineState(str(model), seed=0, weight_version="0")
@@ -218,7 +219,7 @@ def test_health_turns_503_when_generation_stalls(tmp_path):
 
 
 def test_server_refuses_hub_downloads():
-    src = (Path(__file__).resolve().parents[2] / "infra" / "rollout" / "server.py").read_text()
+    src = (Path(__file__).resolve().parents[2] / "infra" / "engine_server" / "server.py").read_text()
     # the switch is set before any model is loaded
     assert src.index('os.environ["HF_HUB_OFFLINE"] = "1"') < src.index("state = EngineState(")
 
@@ -265,8 +266,8 @@ def test_a_group_join_without_peers_gives_up_after_its_timeout(tmp_path):
     """A join whose trainer never comes frees its thread after --group-timeout-s."""
     from fastapi.testclient import TestClient
 
-    from infra.rollout.engine_state import EngineState
-    from infra.rollout.server import create_app
+    from infra.engine_server.engine_state import EngineState
+    from infra.engine_server.server import create_app
     from tests.ports import free_port
 
     model = build_tiny_model(tmp_path / "m", TinyModelConfig())
@@ -351,9 +352,9 @@ def test_request_limits_in_process(tmp_path):
     """Token and body limits are the server's options; bad long lists fail on their first item."""
     from fastapi.testclient import TestClient
 
-    from infra.rollout.engine_state import EngineState
-    from infra.rollout.protocol import default_body_limit
-    from infra.rollout.server import create_app
+    from infra.engine_server.engine_state import EngineState
+    from infra.engine_server.protocol import default_body_limit
+    from infra.engine_server.server import create_app
 
     assert default_body_limit(2**19) == 6 * 2**20
     model = build_tiny_model(tmp_path / "m", TinyModelConfig())
@@ -380,8 +381,8 @@ def test_request_limits_in_process(tmp_path):
 def test_a_join_to_a_dead_master_fails_within_the_group_timeout_naming_it(tmp_path, address):
     from fastapi.testclient import TestClient
 
-    from infra.rollout.engine_state import EngineState
-    from infra.rollout.server import create_app
+    from infra.engine_server.engine_state import EngineState
+    from infra.engine_server.server import create_app
 
     model = build_tiny_model(tmp_path / "m", TinyModelConfig())
     state = EngineState(str(model), seed=0, weight_version="0", group_timeout_s=2.0)

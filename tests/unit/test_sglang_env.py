@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from infra.config import RunConfig
+from infra.engines.launch import SGLangLaunch, cpu_binding, engine_command, forget_secrets, launch_engine
 from infra.rollout.batch import weight_version_of
-from infra.rollout.client import API_KEY_ENV
-from infra.rollout.engine import SGLangLaunch, cpu_binding, engine_command, forget_secrets, launch_engine
+from infra.secrets import API_KEY_ENV
 
 
 def test_sglang_runs_under_the_configured_interpreter():

@@ -9,9 +9,9 @@ import pytest
 
 from infra.config import StorageConfig
 from infra.rollout.batch import Sample
+from infra.rollout.rollout_files import read_rollout, write_rollout
 from infra.storage.fs import RunStore, join, storage_options
 from infra.storage.metrics import append_metrics, read_metrics, truncate_metrics
-from infra.storage.rollouts import read_rollout, write_rollout
 
 
 def _sample(i: int) -> Sample:

@@ -13,7 +13,7 @@ import torch
 from infra.config import AlgorithmConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.batch import Sample
-from infra.trainer.guard import NonFiniteStateError, assert_finite_state
+from infra.trainer.nonfinite import NonFiniteStateError, assert_finite_state
 from infra.trainer.step import train_on_batch
 
 

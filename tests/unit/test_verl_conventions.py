@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infra.trainer.advantages import compute_advantages
+from infra.algorithms.advantages import compute_advantages
 from infra.trainer.losses import aggregation_weights, kl_penalty, policy_loss, tis_weights
 
 D = torch.float64

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from infra.config import RunConfig, TinyModelConfig
+from infra.engines.actor import EngineActor
 from infra.model.tiny import build_tiny_model
-from infra.rollout.engine_actor import EngineActor
 from infra.storage.fs import RunStore, storage_options
 from infra.weights.engines import group_layout, resolve_dtype
 from infra.weights.transport import export_rel, group_name_for, remove_older_exports
@@ -77,7 +77,7 @@ def test_engine_actor_loads_an_export_from_storage(storage_uri, tmp_path):
         assert not {
             n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("prl-weights-")
         }
-        from infra.rollout.client import EngineClient
+        from infra.engines.client import EngineClient
 
         client = EngineClient(actor.url)
         assert client.model_info()["weight_version"] == "4"
@@ -104,7 +104,7 @@ def test_engine_actor_serves_on_the_port_its_server_bound(tmp_path):
             if c.status == psutil.CONN_LISTEN
         }
         assert url == f"http://127.0.0.1:{listening.pop()}" and not listening
-        from infra.rollout.client import EngineClient
+        from infra.engines.client import EngineClient
 
         assert EngineClient(url).health()
     finally:
@@ -115,7 +115,7 @@ def test_engine_actor_gives_up_on_other_start_failures(tmp_path):
     actor = EngineActor(_cfg(str(tmp_path / "runs")), 0, local_cluster=True)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{}")  # an HF directory that loads no model
-    from infra.rollout.client import EngineError
+    from infra.engines.client import EngineError
 
     with pytest.raises(EngineError, match="exited with code"):
         actor.start(str(tmp_path / "broken"), {})

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
+from infra.engines.client import EngineClient
+from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
-from infra.rollout.client import EngineClient
-from infra.rollout.engine import launch_engine, stop_engine, wait_until_healthy
 from infra.trainer.push import push_buckets
 from infra.weights.broadcast import BroadcastSender, EarlierBucketFailed, pack
 from infra.weights.engines import EngineLink

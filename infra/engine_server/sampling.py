@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from infra.rollout import lean_llama
-from infra.rollout.lean_llama import LeanLlamaDecoder
+from infra.engine_server import lean_llama
+from infra.engine_server.lean_llama import LeanLlamaDecoder
 
 # Below this temperature sampling is greedy (as in SGLang) and logprobs are taken at T=1,
 # since dividing by ~0 would turn them into 0/-inf.

@@ -7,8 +7,8 @@ import threading
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from infra.rollout.engine_state import EngineState
-from infra.rollout.server_generation import Generation
+from infra.engine_server.engine_state import EngineState
+from infra.engine_server.generation_routes import Generation
 
 
 def add_health_routes(app: FastAPI, generation: Generation, stall_s: float) -> None:

@@ -16,10 +16,10 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from infra.engine_server.memory import WeightOffload
+from infra.engine_server.protocol import BadRequest
+from infra.engine_server.sampling import SampleOut, sample_batch
 from infra.model.tokenizer import load_tokenizer
-from infra.rollout.memory import WeightOffload
-from infra.rollout.protocol import BadRequest
-from infra.rollout.sampling import SampleOut, sample_batch
 from infra.weights.buckets import FLATTENED_BUCKET
 from infra.weights.group import broadcast, broadcast_async, close_update_group, open_update_group
 

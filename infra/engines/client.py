@@ -21,9 +21,8 @@ import httpx
 import orjson
 
 from infra.retry import poll
+from infra.secrets import API_KEY_ENV
 
-# The run's engine API key, if any (set for every process of a run; see infra/rollout/server.py).
-API_KEY_ENV = "PRL_ENGINE_API_KEY"
 # The built-in engine's phase times of a weight update, JSON, beside SGLang's reply body.
 TIMINGS_HEADER = "x-prl-timings"
 

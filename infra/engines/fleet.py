@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import ray
 
-from infra.rollout.client import EngineClient, EngineError
+from infra.engines.client import EngineClient, EngineError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

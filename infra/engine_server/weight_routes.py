@@ -12,10 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from infra.rollout import protocol as p
-from infra.rollout.client import TIMINGS_HEADER
-from infra.rollout.engine_state import EngineState
-from infra.rollout.protocol import BadRequest
+from infra.engine_server import protocol as p
+from infra.engine_server.engine_state import EngineState
+from infra.engine_server.protocol import BadRequest
+from infra.engines.client import TIMINGS_HEADER
 
 
 def add_weight_update_routes(app: FastAPI, state: EngineState) -> None:

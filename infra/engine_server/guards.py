@@ -1,5 +1,5 @@
 """Guards of the built-in engine server: the per-run API key, the request body size, and
-the generation progress that /health reports (see infra/rollout/server.py)."""
+the generation progress that /health reports (see infra/engine_server/server.py)."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from infra.rollout import protocol as p
-from infra.rollout.engine_state import EngineState
-from infra.rollout.guards import BeatingFlag, Progress
-from infra.rollout.protocol import BadRequest
+from infra.engine_server import protocol as p
+from infra.engine_server.engine_state import EngineState
+from infra.engine_server.guards import BeatingFlag, Progress
+from infra.engine_server.protocol import BadRequest
 
 
 class Generation:

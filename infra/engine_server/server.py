@@ -2,7 +2,7 @@
 system uses, with SGLang 0.5.x field names, so the rollout and weight-sync code is the
 same against this server and against `sglang.launch_server` on GPUs.
 
-    python -m infra.rollout.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
+    python -m infra.engine_server.server --model-path DIR --host 127.0.0.1 --port P [--seed S]
         [--weight-update-session on|off] [--max-request-tokens N] [--max-request-mb MB]
 
 `--weight-update-session on` (default) speaks SGLang >= 0.5.23: distributed weight updates
@@ -33,18 +33,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from infra.rollout import protocol as p
-from infra.rollout.client import API_KEY_ENV
-from infra.rollout.engine_state import EngineState, GroupJoinTimeout
-from infra.rollout.guards import BodyLimit, RequireKey
-from infra.rollout.protocol import BadRequest
-from infra.rollout.server_generation import Generation, add_generation_routes
-from infra.rollout.server_status import add_health_routes, add_info_routes
-from infra.rollout.server_weights import (
+from infra.engine_server import protocol as p
+from infra.engine_server.engine_state import EngineState, GroupJoinTimeout
+from infra.engine_server.generation_routes import Generation, add_generation_routes
+from infra.engine_server.guards import BodyLimit, RequireKey
+from infra.engine_server.protocol import BadRequest
+from infra.engine_server.status_routes import add_health_routes, add_info_routes
+from infra.engine_server.weight_routes import (
     add_weight_memory_routes,
     add_weight_read_route,
     add_weight_update_routes,
 )
+from infra.secrets import API_KEY_ENV
 
 
 def create_app(

@@ -21,9 +21,10 @@ from typing import Literal
 
 import psutil
 
+from infra.engines.client import EngineClient, EngineError
 from infra.lifetime import die_with_parent
 from infra.retry import poll
-from infra.rollout.client import API_KEY_ENV, EngineClient, EngineError
+from infra.secrets import API_KEY_ENV
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SGLANG_VENV_PYTHON = ".venv-sglang/bin/python"  # what `make sglang-venv` builds
@@ -91,7 +92,7 @@ def engine_command(
         return [
             sys.executable,
             "-m",
-            "infra.rollout.server",
+            "infra.engine_server.server",
             *common,
             "--seed",
             str(seed),

@@ -20,7 +20,7 @@ from infra.model.tokenizer import describe_characters, unknown_characters
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from infra.rollout.sampling import SampleOut
+    from infra.engine_server.sampling import SampleOut
 
 
 class BadRequest(ValueError):

@@ -11,15 +11,15 @@ import tempfile
 
 from infra.cluster.network import advertise_address
 from infra.config import RunConfig
-from infra.model.loading import localize
-from infra.rollout.client import EngineClient, paused
-from infra.rollout.engine import (
+from infra.engines.client import EngineClient, paused
+from infra.engines.launch import (
     SGLangLaunch,
     launch_engine,
     serving_url,
     sglang_interpreter,
     stop_engine,
 )
+from infra.model.loading import localize
 
 
 class EngineActor:
