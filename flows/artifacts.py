@@ -149,12 +149,15 @@ class RunArtifacts:
     def _percent(self, done: int) -> float:
         return round(100.0 * (done - self.start) / max(1, self.stop - self.start), 1)
 
-    def evaluated(self, rollout_id: int, result: dict) -> None:
+    def evaluated(self, rollout_id: int, result: dict) -> dict:
+        """The eval's artifact; returns its metrics for the iteration's row (the sample
+        completions stay in the artifact)."""
         create_markdown_artifact(
             markdown=eval_markdown(self.cfg.run_name, rollout_id, result),
             key=artifact_key(self.cfg.run_name, "eval"),
             description=f"Eval after iteration {rollout_id}: metrics and sample completions.",
         )
+        return {key: v for key, v in result.items() if key != "examples"}
 
     def saved(self, result: dict) -> None:
         self.hf_export_uri = result.get("hf_export_uri") or self.hf_export_uri

@@ -38,7 +38,7 @@ from infra.cluster.ray_cluster import CONTROL_RUNTIME_ENV
 log = logging.getLogger(__name__)
 
 # What the control work runs with: no CPU reserved (it only waits on actors, so it must not
-# queue behind them) and its own runtime env (flows/train.py enters these as remote options)
+# queue behind them) and its own runtime env (flows/run_start.py enters these as remote options)
 CONTROL_OPTIONS: dict[str, Any] = {"num_cpus": 0, "runtime_env": CONTROL_RUNTIME_ENV}
 # The work sent last to a worker that later work may count as ran before it; the worker keeps
 # the final states of as many task runs (flows/runner.py). Anything older goes to Ray to wait for.

@@ -111,7 +111,7 @@ def flow_run_seen() -> tuple[str, str, int, list[str]]:
 
 @flow(task_runner=ConnectedRayTaskRunner())
 def one_task() -> tuple[int, str, list, list]:
-    with task_runs_reported():  # as flows/train.py: before Ray goes down
+    with task_runs_reported():  # as flows/run_start.py: before Ray goes down
         seen = [retries_setting.submit().result()]
         with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 5}):
             seen.append(retries_setting.submit().result())

@@ -1,0 +1,63 @@
+"""The flow from a shell:
+
+    python -m flows.train                               # the tiny CPU demo
+    python -m flows.train --config FILE.yaml key.path=value ...
+
+reads the config from the command line, starts a Prefect API server and a Ray cluster for
+the run, then runs the flow. A deployment's run skips all of this: its worker calls the
+flow function itself, against the API and the cluster it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import threading
+
+from prefect import Flow
+
+from flows.prefect_api import ApiServerStart, worker_env
+from infra import startup
+from infra.cluster.ray_cluster import ray_session
+from infra.config_files import load_config
+from infra.preflight import already_finished
+
+# What the flow's process imports for RLSystem.start and the preflight; `launch` loads it
+# beside Ray's start. No torch: the tiny model comes from the machine's cache once built.
+PRELOAD = ["infra.system", "transformers.tokenization_utils_fast"]
+
+
+def _preload() -> None:
+    """Import what the flow's start needs (the actor classes, the tokenizer code)
+    while Ray starts; a later import of the same module waits for this one, never repeats it."""
+    for module in PRELOAD:
+        importlib.import_module(module)
+
+
+def launch(train: Flow, argv: list[str] | None, description: str) -> int:
+    """Parse `[--config FILE] key.path=value ...`, start what the run needs and run `train`;
+    the process's exit status (0 when the flow run completed)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.train", description=description)
+    parser.add_argument("--config", help="YAML file with RunConfig fields")
+    parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.overrides)  # fails here, before anything starts
+    startup.mark("config")
+    finished = already_finished(config)  # nothing to do: start neither Ray nor the API
+    if finished:
+        print(finished, flush=True)
+        return 0
+    # Start-up work that does not depend on each other runs side by side: the Prefect API
+    # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.
+    api = ApiServerStart()
+    preload = threading.Thread(target=_preload, daemon=True)
+    preload.start()
+    with ray_session(config, worker_env(api.url)):  # the flow's RLSystem uses this cluster
+        startup.mark("ray_connected")
+        with api.ready():
+            startup.mark("prefect_api")
+            # done before the flow imports the same packages: transformers' lazy module, imported
+            # from two threads at once, can hand one of them a half-initialised name (ImportError)
+            preload.join()
+            state = train(config, return_state=True)
+    return 0 if state.is_completed() else 1

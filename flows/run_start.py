@@ -1,0 +1,87 @@
+"""What the flow does before its loop: the preflight, the loop's tasks bound to the run's
+result storage, then the run's actors started with the task runs routed to them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NamedTuple
+
+from prefect import Task, get_run_logger
+from prefect.utilities.annotations import opaque
+from prefect_ray.context import remote_options
+
+from flows.prefect_api import worker_env
+from flows.results import persisted
+from flows.runner import task_runs_reported
+from infra import startup
+from infra.cluster.control_workers import CONTROL_OPTIONS
+from infra.config import RunConfig
+from infra.preflight import Preflight, preflight
+from tasks.evaluate import evaluate
+from tasks.generate import generate
+from tasks.save import save
+from tasks.sync import sync
+from tasks.train import train
+from tasks.train_critic import train_critic
+
+if TYPE_CHECKING:
+    from infra.handles import RunHandles
+
+# What a Ray worker imports to run a task run; loaded while the engines start, not during
+# the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
+WORKER_IMPORTS = [
+    "prefect.task_engine",
+    "prefect.client.orchestration",
+    "prefect_ray.task_runners",
+    "tasks.train",
+    "tasks.train_critic",
+]
+
+
+class RunTasks(NamedTuple):
+    generate: Task
+    train: Task
+    train_critic: Task
+    save: Task
+    sync: Task
+    evaluate: Task
+
+
+def checked_run(config: RunConfig) -> Preflight:
+    """Config, plug-ins, data, model, storage, run folder: all checked before any actor
+    starts. Its warnings, and why a finished run has nothing to do, go to the run's log."""
+    log = get_run_logger()
+    startup.mark("flow_run_started")
+    checked = preflight(config)
+    startup.mark("preflight")
+    for warning in checked.warnings:
+        log.warning(warning)
+    if checked.finished:
+        log.info(checked.finished)
+    return checked
+
+
+def run_tasks(config: RunConfig) -> RunTasks:
+    """The loop's tasks; their results go to the run's own storage (a block the code
+    creates, not a person)."""
+    return RunTasks(*persisted(config, generate, train, train_critic, save, sync, evaluate))
+
+
+@contextmanager
+def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, opaque[RunHandles]]]:
+    """The run's actors, started, with this flow run's task runs routed to its control
+    workers (infra/cluster/control_workers.py, warmed while the actors started). Yields the
+    handles, and the handles as the task runs get them. On leaving, the task runs' last logs
+    and states reach the API before Ray stops the workers."""
+    from infra.system import RLSystem  # noqa: PLC0415 - torch & co: flows/launch.py imports it beside Ray's start
+
+    log = get_run_logger()
+    system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
+    with system as run, remote_options(**CONTROL_OPTIONS), task_runs_reported():
+        log.info("placement (node ids): %s", system.placement)
+        log.info("process ids: %s", system.pids)  # what to look for when a process dies
+        # opaque: Prefect and prefect-ray pass it as it is instead of walking (and rebuilding)
+        # its tree, the whole config inside, on every submit and again on the worker before
+        # the task's body
+        yield run, opaque(run)
