@@ -25,8 +25,8 @@ from prefect import flow, task
 from prefect_ray.context import remote_options
 
 from bench.common import ratio_line, spread
-from flows.prefect_api import ensure_api_server, worker_env
-from flows.runner import ConnectedRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray.api_server import ensure_api_server, worker_env
+from flows.prefect_on_ray.runner import ConnectedRayTaskRunner, task_runs_reported
 from infra.cluster.control_workers import CONTROL_OPTIONS, close_pool, open_pool
 from infra.cluster.ray_cluster import runtime_env
 

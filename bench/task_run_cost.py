@@ -29,9 +29,9 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from bench.common import ratio_line, spread
-from flows.context_cache import reused_prefect_context
-from flows.prefect_api import ensure_api_server, worker_env
-from flows.runner import ConnectedRayTaskRunner
+from flows.prefect_on_ray.api_server import ensure_api_server, worker_env
+from flows.prefect_on_ray.context_cache import reused_prefect_context
+from flows.prefect_on_ray.runner import ConnectedRayTaskRunner
 from infra.cluster.ray_cluster import runtime_env
 
 

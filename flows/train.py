@@ -28,9 +28,9 @@ from prefect_ray.context import remote_options
 
 from flows.ahead import GenerateAhead, TrainingAhead
 from flows.artifacts import RunArtifacts
-from flows.prefect_api import ApiServerStart, worker_env
+from flows.prefect_on_ray.api_server import ApiServerStart, worker_env
+from flows.prefect_on_ray.runner import ConnectedRayTaskRunner, task_runs_reported
 from flows.results import persisted
-from flows.runner import ConnectedRayTaskRunner, task_runs_reported
 from infra import startup
 from infra.cluster.control_workers import CONTROL_OPTIONS
 from infra.cluster.ray_cluster import ray_session

@@ -21,7 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterId
 from prefect_ray.context import remote_options
 
-from flows.runner import ConnectedRayTaskRunner, _finished_here, task_runs_reported
+from flows.prefect_on_ray.runner import ConnectedRayTaskRunner, _finished_here, task_runs_reported
 from infra.cluster.control_workers import (
     CONTROL_OPTIONS,
     RECENT_PER_WORKER,

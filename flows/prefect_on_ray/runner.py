@@ -32,9 +32,13 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import RemoteOptionsContext
 from prefect_ray.task_runners import PrefectRayFuture
 
-from flows.context_cache import reused_prefect_context, serialize_contexts_once, store_flow_run_context
-from flows.object_store import GetOnce, PutOnce
-from flows.reporting import send_reports_now, wait_reported
+from flows.prefect_on_ray.context_cache import (
+    reused_prefect_context,
+    serialize_contexts_once,
+    store_flow_run_context,
+)
+from flows.prefect_on_ray.object_store import GetOnce, PutOnce
+from flows.prefect_on_ray.reporting import send_reports_now, wait_reported
 from infra.cluster.control_workers import RECENT_PER_WORKER, current_pool
 
 # task runs whose reports the flow waits for before Ray goes down: more than one iteration's
@@ -44,7 +48,7 @@ REMEMBERED_TASK_RUNS = 32
 class _Opaque:
     """A task parameter wrapped in Prefect's `opaque`, on its way through Ray: the annotation
     is a tuple subclass, which Ray's argument serialization turns into a plain tuple. The value
-    itself goes to Ray's object store once per flow run (flows/object_store.py); the carrier
+    itself goes to Ray's object store once per flow run (object_store.py); the carrier
     holds its reference."""
 
     def __init__(self, ref: ray.ObjectRef) -> None:
@@ -189,7 +193,7 @@ class ConnectedRayTaskRunner(RayTaskRunner):
 
     def wait_reported(self, timeout_s: float = 30.0) -> list:
         """Wait until the API holds the final state and last log of the recent task runs
-        that finished (flows/reporting.py); the ids still missing after `timeout_s`."""
+        that finished (reporting.py); the ids still missing after `timeout_s`."""
         futures = list(self.recent)
         refs = [f.wrapped_future for f in futures]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
@@ -203,11 +207,11 @@ class ConnectedRayTaskRunner(RayTaskRunner):
         *upstream_ray_obj_refs, context: dict, awaited: int = 0, ran_before: list[UUID] = (), **kwargs
     ):
         """prefect-ray's task body in the worker's reused settings and API client
-        (flows/context_cache.py), with `opaque` parameters as the flow passed them, and the
+        (context_cache.py), with `opaque` parameters as the flow passed them, and the
         final states of the task runs it waited for (the last `awaited` arguments, resolved
         by Ray, and those of `ran_before`, run earlier by this control worker) as its
         `wait_for`. A completed task run's logs and states go to the API with the worker's
-        next batch; a failed one's before its result returns (flows/reporting.py)."""
+        next batch; a failed one's before its result returns (reporting.py)."""
         completed = False
         waited = [_Finished(_finished_here(task_run_id)) for task_run_id in ran_before]
         if awaited:

@@ -31,10 +31,10 @@ from prefect.states import Failed
 from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
-from flows import context_cache
-from flows.prefect_api import SERVER_NICENESS
-from flows.reporting import wait_reported
-from flows.runner import ConnectedRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray import context_cache
+from flows.prefect_on_ray.api_server import SERVER_NICENESS
+from flows.prefect_on_ray.reporting import wait_reported
+from flows.prefect_on_ray.runner import ConnectedRayTaskRunner, task_runs_reported
 
 pytestmark = pytest.mark.flow
 MARK = "written-on-a-ray-worker"
@@ -103,7 +103,7 @@ def flow_run_seen() -> tuple[str, str, int, list[str]]:
     # the flow run context a task run sees on its worker, and what the worker keeps of it
     import os
 
-    from flows import context_cache
+    from flows.prefect_on_ray import context_cache
 
     ctx = FlowRunContext.get()
     return str(ctx.flow_run.id), ctx.flow.name, os.getpid(), list(context_cache._loaded.loaded)

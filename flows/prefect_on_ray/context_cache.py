@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from prefect.context import EngineContext, SettingsContext, SyncClientContext
 
-from flows.object_store import GetOnce, PutOnce
+from flows.prefect_on_ray.object_store import GetOnce, PutOnce
 
 # serialized settings -> (their context, a client opened under them); one flow run at a time
 _cache: dict[str, tuple[SettingsContext, SyncClientContext]] = {}
