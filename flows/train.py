@@ -23,13 +23,17 @@ import threading
 import time
 
 from prefect import flow, get_run_logger
-from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
 from flows.ahead import GenerateAhead, TrainingAhead
 from flows.artifacts import RunArtifacts
-from flows.prefect_on_ray.api_server import ApiServerStart, worker_env
-from flows.prefect_on_ray.runner import ConnectedRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray import (
+    ApiServerStart,
+    FastRayTaskRunner,
+    for_every_task_run,
+    task_runs_reported,
+    worker_env,
+)
 from flows.results import persisted
 from infra import startup
 from infra.cluster.control_workers import CONTROL_OPTIONS
@@ -62,7 +66,7 @@ WORKER_IMPORTS = [
 PRELOAD = ["infra.system", "transformers.tokenization_utils_fast"]
 
 
-@flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
+@flow(name="train", task_runner=FastRayTaskRunner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
     startup.mark("flow_run_started")
@@ -87,10 +91,10 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         # warmed while the actors started
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
-        # what the task runs get: opaque, so Prefect and prefect-ray pass it as it is instead
-        # of walking (and rebuilding) its tree, the whole config inside, on every submit and
-        # again on the worker before the task's body
-        handles = opaque(run)
+        # what the task runs get: on the fast runner, opaque, so Prefect passes it as it is
+        # instead of walking (and rebuilding) its tree, the whole config inside, on every
+        # submit and again on the worker before the task's body
+        handles = for_every_task_run(run)
         start = run.restore()  # next rollout id; the weights hold `start` training iterations
         startup.mark("restore")
         schedule = LoopSchedule.from_config(config, checked.num_train_prompts, start)

@@ -1,2 +1,31 @@
-"""Prefect task runs on Ray, faster than prefect-ray's own runner, and the run's Prefect API
-server; each speed-up builds on Prefect or prefect-ray internals."""
+"""Prefect on Ray, made fast for the RL loop; and the run's own Prefect API server.
+
+The flow's task runs are short control steps (each blocks on actors for a few ms of work),
+a dozen an iteration, so what Prefect and prefect-ray spend on each one sets the loop's
+pace on a small machine. The fast runner (`FastRayTaskRunner`) submits them as prefect-ray's
+RayTaskRunner does, with the per-task-run work done once instead: the remote function,
+Prefect's serialized context, settings and API client, the run's handles (runner.py,
+task_body.py, context_cache.py, object_store.py), and with task runs' reports left to
+Prefect's background services (reporting.py). The API server (api_server.py) is the one
+Prefect runs for itself, started beside Ray instead of before it.
+
+Some of this rests on what Prefect does not promise (its private modules and attributes, how
+it reads its own environment); each such assumption has a test in
+tests/unit/test_prefect_seams.py that names it, its user here and the versions it was
+checked on. Nothing is patched at import, and nothing of Prefect's is replaced: the fast
+runner uses these only inside its own submit and task body.
+"""
+
+from flows.prefect_on_ray.api_server import ApiServerStart, ensure_api_server, worker_env
+from flows.prefect_on_ray.reporting import wait_reported
+from flows.prefect_on_ray.runner import FastRayTaskRunner, for_every_task_run, task_runs_reported
+
+__all__ = [
+    "ApiServerStart",
+    "FastRayTaskRunner",
+    "ensure_api_server",
+    "for_every_task_run",
+    "task_runs_reported",
+    "wait_reported",
+    "worker_env",
+]

@@ -80,6 +80,8 @@ class ApiServerStart:
                     ),
                     "PREFECT_UI_ENABLED": "0",
                     **{k: os.environ.get(k, v) for k, v in RECORDER_BATCH.items()},
+                    # how Prefect's own SubprocessASGIServer tells create_app what it is
+                    # (private: tests/unit/test_prefect_seams.py)
                     "PREFECT__SERVER_EPHEMERAL": "1",
                     "PREFECT__SERVER_FINAL": "1",
                     **get_current_settings().to_environment_variables(exclude_unset=True),
