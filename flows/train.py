@@ -29,8 +29,8 @@ from flows.ahead import GenerateAhead, TrainingAhead
 from flows.artifacts import RunArtifacts
 from flows.prefect_on_ray import (
     ApiServerStart,
-    FastRayTaskRunner,
     for_every_task_run,
+    task_runner,
     task_runs_reported,
     worker_env,
 )
@@ -66,7 +66,7 @@ WORKER_IMPORTS = [
 PRELOAD = ["infra.system", "transformers.tokenization_utils_fast"]
 
 
-@flow(name="train", task_runner=FastRayTaskRunner(), validate_parameters=True)
+@flow(name="train", task_runner=task_runner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     log = get_run_logger()
     startup.mark("flow_run_started")
