@@ -76,7 +76,7 @@ async def drive(cfg: RunConfig) -> None:
 
 
 def _run_flow(cfg: RunConfig) -> None:
-    from flows.prefect_api import ensure_api_server
+    from flows.prefect_on_ray import ensure_api_server
     from flows.train import train
 
     ensure_api_server()

@@ -25,8 +25,7 @@ from prefect import flow, task
 from prefect_ray.context import remote_options
 
 from bench.common import ratio_line, spread
-from flows.prefect_api import ensure_api_server, worker_env
-from flows.runner import ConnectedRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray import FastRayTaskRunner, ensure_api_server, task_runs_reported, worker_env
 from infra.cluster.control_workers import CONTROL_OPTIONS, close_pool, open_pool
 from infra.cluster.ray_cluster import runtime_env
 
@@ -38,7 +37,7 @@ def link(i: int) -> int:
     return i
 
 
-@flow(name="task-run-chain", task_runner=ConnectedRayTaskRunner())
+@flow(name="task-run-chain", task_runner=FastRayTaskRunner())
 def chain(links: int) -> float:
     with task_runs_reported(), remote_options(**CONTROL_OPTIONS):
         t0 = time.perf_counter()

@@ -1,16 +1,16 @@
 """What one Prefect task run costs on the Ray task runner, three task bodies side by side
 in one Ray session, no-op tasks submitted one after another:
 - prefect-ray's own, then its logs and states sent to the API before the result returns;
-- the same with Prefect's settings and API client reused per process (flows/context_cache.py);
-- this project's runner (flows/runner.py): reused, and a completed task run's logs and
-  states left to the worker's running Prefect services (flows/reporting.py).
+- the same with Prefect's settings and API client reused per process
+  (flows/prefect_on_ray/context_cache.py);
+- this project's fast runner (flows/prefect_on_ray): reused, and a completed task run's logs
+  and states left to the worker's running Prefect services (reporting.py there).
 
     python -m bench.task_run_cost [--tasks 30]
 
 Prints the median wall time from submit to result per task run (the first 5 of each side,
 which start the workers, are left out), over `--repeats` rounds of all three sides:
-min / median / max of the medians. prefect-ray's side runs first in the first round: the
-runner's flow-side settings cache, once installed, stays for the process.
+min / median / max of the medians.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from bench.common import ratio_line, spread
-from flows.context_cache import reused_prefect_context
-from flows.prefect_api import ensure_api_server, worker_env
-from flows.runner import ConnectedRayTaskRunner
+from flows.prefect_on_ray import FastRayTaskRunner, ensure_api_server, worker_env
+from flows.prefect_on_ray.task_body import run_reused
 from infra.cluster.ray_cluster import runtime_env
 
 
@@ -56,19 +55,17 @@ class PlainRayTaskRunner(RayTaskRunner):
             APILogHandler().flush()
 
 
-class ReusedBlockingRunner(ConnectedRayTaskRunner):
+def reused_then_flush(*refs, **kwargs):
+    try:
+        return run_reused(*refs, **kwargs)
+    finally:
+        APILogHandler().flush()
+
+
+class ReusedBlockingRunner(FastRayTaskRunner):
     """Settings and client reused, logs and states sent before the result returns."""
 
-    def duplicate(self) -> ReusedBlockingRunner:
-        return type(self)()
-
-    @staticmethod
-    def _run_prefect_task(*refs, context, **kwargs):
-        try:
-            with reused_prefect_context(context) as reused:
-                return RayTaskRunner._run_prefect_task(*refs, context=reused, **kwargs)
-        finally:
-            APILogHandler().flush()
+    task_body = staticmethod(reused_then_flush)
 
 
 @task(name="noop", task_run_name="noop-{i:04d}")
@@ -100,7 +97,7 @@ def main(argv: list[str]) -> int:
     sides = {
         "prefect_ray_ms": PlainRayTaskRunner,
         "reused_blocking_ms": ReusedBlockingRunner,
-        "this_runner_ms": ConnectedRayTaskRunner,
+        "this_runner_ms": FastRayTaskRunner,
     }
     rounds: dict[str, list[float]] = {name: [] for name in sides}
     try:

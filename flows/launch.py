@@ -16,7 +16,7 @@ import threading
 
 from prefect import Flow
 
-from flows.prefect_api import ApiServerStart, worker_env
+from flows.prefect_on_ray import ApiServerStart, worker_env
 from infra import startup
 from infra.cluster.ray_cluster import ray_session
 from infra.config_files import load_config

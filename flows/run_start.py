@@ -8,12 +8,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
 from prefect import Task, get_run_logger
-from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
-from flows.prefect_api import worker_env
+from flows.prefect_on_ray import for_every_task_run, task_runs_reported, worker_env
 from flows.results import persisted
-from flows.runner import task_runs_reported
 from infra import startup
 from infra.cluster.control_workers import CONTROL_OPTIONS
 from infra.config import RunConfig
@@ -69,7 +67,7 @@ def run_tasks(config: RunConfig) -> RunTasks:
 
 
 @contextmanager
-def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, opaque[RunHandles]]]:
+def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, object]]:
     """The run's actors, started, with this flow run's task runs routed to its control
     workers (infra/cluster/control_workers.py, warmed while the actors started). Yields the
     handles, and the handles as the task runs get them. On leaving, the task runs' last logs
@@ -81,7 +79,7 @@ def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, opaque[RunHa
     with system as run, remote_options(**CONTROL_OPTIONS), task_runs_reported():
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies
-        # opaque: Prefect and prefect-ray pass it as it is instead of walking (and rebuilding)
-        # its tree, the whole config inside, on every submit and again on the worker before
-        # the task's body
-        yield run, opaque(run)
+        # on the fast runner, opaque: Prefect passes it as it is instead of walking (and
+        # rebuilding) its tree, the whole config inside, on every submit and again on the
+        # worker before the task's body
+        yield run, for_every_task_run(run)

@@ -22,9 +22,9 @@ from flows.ahead import GenerateAhead, TrainingAhead
 from flows.artifacts import RunArtifacts
 from flows.colocation import colocation
 from flows.launch import launch
+from flows.prefect_on_ray import task_runner
 from flows.run_log import log_iteration, log_outputs, log_start, log_startup
 from flows.run_start import checked_run, run_tasks, started_system
-from flows.runner import ConnectedRayTaskRunner
 from infra import startup
 from infra.config import RunConfig
 from infra.schedule import LoopSchedule
@@ -32,7 +32,7 @@ from infra.schedule import LoopSchedule
 startup.mark("imports")
 
 
-@flow(name="train", task_runner=ConnectedRayTaskRunner(), validate_parameters=True)
+@flow(name="train", task_runner=task_runner(), validate_parameters=True)
 def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
     checked = checked_run(config)
     if checked.finished:

@@ -13,7 +13,7 @@ is already on that worker, and starts when the worker is done with the one befor
 sent to a worker goes to that worker, anything else to an idle one (a new worker is
 started when none is). Which of the awaited refs ran before it on the same worker is part
 of the answer, so the caller need not have Ray wait for those (what they left behind is in
-that worker's process). No Prefect here: the flow's task runner (flows/runner.py) is the user.
+that worker's process). No Prefect here: the flow's task runner (flows/prefect_on_ray) is the user.
 
 A worker that dies takes the work queued on it along (no restarts, no retries): its refs
 raise Ray's RayActorError where they are read, so the flow run fails there and is resumed
@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 # queue behind them) and its own runtime env (flows/run_start.py enters these as remote options)
 CONTROL_OPTIONS: dict[str, Any] = {"num_cpus": 0, "runtime_env": CONTROL_RUNTIME_ENV}
 # The work sent last to a worker that later work may count as ran before it; the worker keeps
-# the final states of as many task runs (flows/runner.py). Anything older goes to Ray to wait for.
+# the final states of as many task runs (flows/prefect_on_ray/task_body.py). Anything older
+# goes to Ray to wait for.
 RECENT_PER_WORKER = 16
 
 

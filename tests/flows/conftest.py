@@ -7,7 +7,7 @@ import pytest
 import ray
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.prefect_api import worker_env
+from flows.prefect_on_ray import worker_env
 from infra.cluster.ray_cluster import runtime_env
 
 

@@ -1,4 +1,4 @@
-"""The Prefect API server a run starts for itself (flows/prefect_api.py)."""
+"""The Prefect API server a run starts for itself (flows/prefect_on_ray/api_server.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ PROBE = textwrap.dedent(
     """
     import gc, os, psutil
     from prefect.settings import PREFECT_API_URL
-    from flows.prefect_api import SERVER_NICENESS, ensure_api_server
+    from flows.prefect_on_ray import ensure_api_server
+    from flows.prefect_on_ray.api_server import SERVER_NICENESS
 
     url = ensure_api_server()
     gc.collect()  # what dropped the settings before: a collected context manager's exit
@@ -71,7 +72,7 @@ def test_the_started_server_stays_the_api_and_runs_below_ray_workers(tmp_path):
 PORT_PROBE = textwrap.dedent(
     """
     import errno, socket, urllib.parse
-    from flows.prefect_api import ApiServerStart
+    from flows.prefect_on_ray import ApiServerStart
 
     api = ApiServerStart()
     port = urllib.parse.urlparse(api.url).port

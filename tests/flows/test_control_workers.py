@@ -1,5 +1,5 @@
 """The run's control workers (infra/cluster/control_workers.py) with a real local Ray, and the
-flow's task runs on them through the runner (flows/runner.py) with a real Prefect API.
+flow's task runs on them through the fast runner (flows/prefect_on_ray) with a real Prefect API.
 
 A chain (work that waits for the last thing sent to a worker) queues behind it on that
 worker and is not handed to Ray as an argument: ordering alone makes it wait. Everything
@@ -21,7 +21,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterId
 from prefect_ray.context import remote_options
 
-from flows.runner import ConnectedRayTaskRunner, _finished_here, task_runs_reported
+from flows.prefect_on_ray.runner import FastRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray.task_body import finished_here
 from infra.cluster.control_workers import (
     CONTROL_OPTIONS,
     RECENT_PER_WORKER,
@@ -134,7 +135,7 @@ def fails() -> None:
     raise ValueError("broken on purpose")
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def chain_and_beside() -> dict:
     with task_runs_reported(), remote_options(**CONTROL_OPTIONS):
         first = slow_pid.submit()
@@ -152,7 +153,7 @@ def chain_and_beside() -> dict:
         }
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def with_other_options() -> int:
     with task_runs_reported(), remote_options(num_cpus=0):  # not the control workers' options
         return pid.submit().result()[0]
@@ -192,6 +193,6 @@ def test_the_flows_task_runs_chain_on_a_control_worker(prefect_log_batches):
 
 def test_an_upstream_that_left_no_state_on_the_worker_counts_as_failed():
     missing = uuid4()
-    state = _finished_here(missing)
+    state = finished_here(missing)
     assert state.is_failed() and state.state_details.task_run_id == missing
     assert str(missing) in state.message

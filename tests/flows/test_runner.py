@@ -1,20 +1,19 @@
-"""The runner's override of prefect-ray's task body must really be what Ray runs, and the
-settings it reuses per process (flows/context_cache.py) must follow the flow's settings.
+"""The fast runner (flows/prefect_on_ray) on a real local Ray and Prefect API: its task body
+must really be what Ray runs, and the settings it reuses per process (context_cache.py) must
+follow the flow's settings.
 
-`ConnectedRayTaskRunner._run_prefect_task` sends a failed task run's logs and states to the
+The task body (`FastRayTaskRunner.task_body`) sends a failed task run's logs and states to the
 API before its result; a completed one's go with the worker's next log batch, and the flow
-waits for them before Ray goes down (flows/reporting.py). The runner's submit (one Ray remote
-function for all task runs) wraps that body and calls prefect-ray's own body inside it; if a
-prefect-ray release renames what it builds on, the last test here fails. The workers of the
-failure test batch logs to the API only once a minute, so the lines can only arrive through
-the override.
+waits for them before Ray goes down (reporting.py). The runner's submit makes one Ray remote
+function of that body for all task runs. The workers of the failure test batch logs to the API
+only once a minute, so the lines can only arrive through the body. What the package assumes of
+Prefect's internals is checked in tests/unit/test_prefect_seams.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import inspect
+import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -25,16 +24,16 @@ import ray
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterId
-from prefect.context import FlowRunContext, SettingsContext
+from prefect.context import FlowRunContext, SettingsContext, tags
 from prefect.settings import PREFECT_TASK_DEFAULT_RETRIES, temporary_settings
 from prefect.states import Failed
 from prefect.utilities.annotations import opaque
 from prefect_ray.context import remote_options
 
-from flows import context_cache
-from flows.prefect_api import SERVER_NICENESS
-from flows.reporting import wait_reported
-from flows.runner import ConnectedRayTaskRunner, task_runs_reported
+from flows.prefect_on_ray import context_cache
+from flows.prefect_on_ray.api_server import SERVER_NICENESS
+from flows.prefect_on_ray.reporting import wait_reported
+from flows.prefect_on_ray.runner import FastRayTaskRunner, task_runs_reported
 
 pytestmark = pytest.mark.flow
 MARK = "written-on-a-ray-worker"
@@ -103,13 +102,13 @@ def flow_run_seen() -> tuple[str, str, int, list[str]]:
     # the flow run context a task run sees on its worker, and what the worker keeps of it
     import os
 
-    from flows import context_cache
+    from flows.prefect_on_ray import context_cache
 
     ctx = FlowRunContext.get()
     return str(ctx.flow_run.id), ctx.flow.name, os.getpid(), list(context_cache._loaded.loaded)
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def one_task() -> tuple[int, str, list, list]:
     with task_runs_reported():  # as flows/run_start.py: before Ray goes down
         seen = [retries_setting.submit().result()]
@@ -134,7 +133,7 @@ def after_fail() -> None:
     pass
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def failing_task() -> tuple[str, list[str], list]:
     future = fail.submit()
     never_runs = after_fail.submit(wait_for=[future])  # as the loop's sync waits on its train
@@ -171,7 +170,7 @@ def _exported_task_bodies() -> list[str]:
         pickle.loads(_internal_kv_get(key, namespace=b"fun"))["function_name"]
         for key in _internal_kv_list(b"RemoteFunction:", namespace=b"fun")
     ]
-    return [n for n in names if n.endswith("_run_prefect_task")]
+    return [n for n in names if n.endswith(FastRayTaskRunner.task_body.__name__)]
 
 
 def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_batches):
@@ -203,8 +202,10 @@ def test_override_reports_worker_logs_and_states_before_ray_stops(prefect_log_ba
         counts.setdefault(pid, set()).add(unpickled)
     assert max(len([r for r in runs if r[2] == pid]) for pid in counts) >= 2, runs  # a worker ran 2+
     assert all(len(seen_counts) == 1 for seen_counts in counts.values()), counts
-    # Ray's workers run at 15, the run's own API server below them (flows/prefect_api.py)
-    assert seen.pop() == 15 < SERVER_NICENESS
+    # Ray's workers run 15 below this process (at 15 from 0), the run's own API server below
+    # them (api_server.py); niceness stops at 19
+    assert seen.pop() == min(os.getpriority(os.PRIO_PROCESS, 0) + 15, 19)
+    assert SERVER_NICENESS > 15
     # settings changed in the flow reach the next task run, and changed back the one after
     assert [retries for retries, _ in seen] == [0, 5, 0]
     assert {url for _, url in seen} == {env["PREFECT_API_URL"].rstrip("/") + "/"}
@@ -225,7 +226,7 @@ def speak_twice() -> None:
     get_run_logger().warning("loud-on-the-terminal")
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def speaking() -> str:
     with task_runs_reported():
         future = speak_twice.submit()
@@ -258,7 +259,7 @@ def downstream() -> int:
     return 2
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def upstream_then_downstream() -> tuple[str, str, int]:
     # as the loop's control tasks: no CPU asked, so nothing but the dependency holds it back
     with task_runs_reported(), remote_options(num_cpus=0):
@@ -292,7 +293,7 @@ def reports_an_earlier_failure() -> dict:
     return {"earlier": Failed(message="an earlier attempt"), "tries": 2}
 
 
-@flow(task_runner=ConnectedRayTaskRunner())
+@flow(task_runner=FastRayTaskRunner())
 def waits_on_a_result_holding_a_state() -> tuple[str, str]:
     with task_runs_reported(), remote_options(num_cpus=0):
         first = reports_an_earlier_failure.submit()
@@ -330,29 +331,22 @@ def test_wait_reported_gives_up_on_task_runs_the_api_never_heard_of(prefect_api)
     assert wait_reported([missing], timeout_s=0.3) == [missing]
 
 
-def test_settings_are_serialized_once_per_context():
-    ConnectedRayTaskRunner().__enter__()
-    ConnectedRayTaskRunner().__enter__()  # entered again (every flow run): wrapped once
-    assert not hasattr(SettingsContext.serialize.__wrapped__, "__wrapped__")
-    ctx = SettingsContext.get()
-    first = ctx.serialize()
-    assert ctx.serialize() is first  # the flow's submits reuse it
+def test_the_flow_runs_part_of_a_task_runs_context_is_serialized_once_per_context():
+    contexts = context_cache.SerializedContexts()
+    noop = task(name="noop")(lambda: None)
+
+    def serialized() -> dict:
+        return contexts({"task": noop, "task_run_id": uuid4(), "task_inputs": {}, "copy_to_child_ctx": True})
+
+    first = serialized()
+    again = serialized()
+    assert again["settings_context"] is first["settings_context"]  # the flow's submits reuse it
+    assert again["asset_context"] is not first["asset_context"]  # the task run's own part is its own
     with temporary_settings(updates={PREFECT_TASK_DEFAULT_RETRIES: 3}):
-        changed = SettingsContext.get().serialize()
-    assert changed is not first and changed["settings"]["tasks"]["default_retries"] == 3
-
-
-def test_prefect_ray_still_has_what_the_runner_builds_on():
-    from prefect_ray import RayTaskRunner
-
-    # the body the override calls inside its own (a staticmethod), and the exchange that
-    # carries `opaque` parameters, both called from the runner's submit
-    assert isinstance(RayTaskRunner.__dict__["_run_prefect_task"], staticmethod)
-    assert ConnectedRayTaskRunner._run_prefect_task is not RayTaskRunner._run_prefect_task
-    assert "_exchange_prefect_for_ray_futures" in RayTaskRunner.__dict__
-    # the submit the runner replaces, as it was read (prefect-ray 0.5.0): a release that
-    # changes it may submit something the runner's copy does not
-    source = inspect.getsource(RayTaskRunner.submit).encode()
-    assert hashlib.sha256(source).hexdigest()[:16] == "fd5a1b4f775ef044", (
-        "prefect-ray's RayTaskRunner.submit changed: compare it with ConnectedRayTaskRunner.submit"
-    )
+        changed = serialized()
+    assert changed["settings_context"] is not first["settings_context"]
+    assert changed["settings_context"]["settings"]["tasks"]["default_retries"] == 3
+    with tags("a-tag"):  # a tags context entered is a new one too
+        assert serialized()["tags_context"]["current_tags"] == {"a-tag"}
+    assert serialized()["settings_context"] is first["settings_context"]
+    assert SettingsContext.get().serialize() is not SettingsContext.get().serialize()  # nothing patched

@@ -68,7 +68,9 @@ def test_infra_imports_only_lower_layers_and_never_prefect() -> None:
         own = _layer_of(_part(path))
         for dep in sorted(_infra_imports(path)):
             if dep.startswith("!"):
-                wrong.append(f"{path.relative_to(REPO)} imports {dep[1:]} (infra never imports Prefect or the flows)")
+                wrong.append(
+                    f"{path.relative_to(REPO)} imports {dep[1:]} (infra never imports Prefect or the flows)"
+                )
             elif dep != _part(path) and _layer_of(dep) > own:
                 wrong.append(f"{path.relative_to(REPO)} imports infra.{dep}, a higher layer")
     assert not wrong, "\n".join(wrong)

@@ -22,7 +22,7 @@ the exit hooks it registered when it started (threading's pre-shutdown hooks, th
 event loop's shutdown calls), so a long-lived Ray worker kept every one of them: about 2 MB
 per drain (bench/memory_growth.py). After each drain the stopped services' hooks are
 dropped (`release_stopped_services`); this reads private attributes of `threading` and of
-Prefect, which tests/flows/test_runner.py checks still hold.
+Prefect, which tests/unit/test_prefect_seams.py checks still hold.
 """
 
 from __future__ import annotations

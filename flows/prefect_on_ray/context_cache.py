@@ -6,58 +6,80 @@ models), and a new API client is made (an httpx client and an SSL context that l
 CA bundle). A cProfile of a Ray worker running trivial tasks spent most of each task run
 there. A worker runs one task at a time and every task run of a flow run carries the same
 settings, so both are made once per process and kept while the settings stay the same.
+Prefect's task engine takes the current client from `SyncClientContext`; the kept one, already
+open, is made current through the context's ContextVar (`SyncClientContext.__var__`): entering
+it again would only count the entry. A private seam (tests/unit/test_prefect_seams.py).
 
 Flow side: every submit serializes the flow's settings and its flow run context for the
 worker (model_dumps of every settings model, of the flow run, the flow and its parameters:
 ~0.1 s on a busy 2-core machine, in the flow loop's own thread). Neither context changes
-during a flow run (Prefect changes them by entering new ones), so each serialized form is
-kept. The flow run context also goes to Ray's object store once (~55 KB pickled: the flow
-object and its parameter schema); task runs carry a reference to it, and each worker
-unpickles it once.
+during a flow run (Prefect changes them by entering new ones), so that part of the
+serialized context is kept (`SerializedContexts`). The flow run context also goes to Ray's
+object store once (~55 KB pickled: the flow object and its parameter schema); task runs
+carry a reference to it, and each worker unpickles it once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import ray
-from prefect.context import EngineContext, SettingsContext, SyncClientContext
+from prefect.context import (
+    AssetContext,
+    EngineContext,
+    SettingsContext,
+    SyncClientContext,
+    TagsContext,
+    TaskRunContext,
+    serialize_context,
+)
 
-from flows.object_store import GetOnce, PutOnce
+from flows.prefect_on_ray.object_store import GetOnce, PutOnce
 
 # serialized settings -> (their context, a client opened under them); one flow run at a time
 _cache: dict[str, tuple[SettingsContext, SyncClientContext]] = {}
 
-Serialize = Callable[..., dict[str, Any]]
 
+class SerializedContexts:
+    """Flow side: Prefect's `serialize_context` for a task run, its flow run's part made once.
 
-def _once(serialize: Serialize) -> Serialize:
-    """`serialize` with its result kept per context object."""
-    # keyed by identity (and the object kept alive, so the id stays its own): Prefect changes
-    # a context by entering a new one, never by editing one in place
-    kept: dict[tuple[int, bool], tuple[object, dict[str, Any]]] = {}
+    Of what it serializes only the asset context is the task run's own; the settings, the flow
+    run, the parent task run, the tags and the deployment are the flow run's. Prefect changes
+    those by entering new contexts, never by editing one in place, so that part is kept per
+    set of current contexts (by identity, the objects kept alive so an id stays its own). The
+    same flow run context keeps the same serialized object across such sets (other settings
+    entered for a while): it goes to Ray's object store once per object (`store_flow_run_context`)."""
 
-    def serialize_once(self: Any, include_secrets: bool = True) -> dict[str, Any]:
-        hit = kept.get((id(self), include_secrets))
-        if hit is None or hit[0] is not self:
-            if len(kept) > 4:  # the contexts are kept alive: a few recent ones only
-                kept.clear()
-            hit = kept[(id(self), include_secrets)] = (self, serialize(self, include_secrets))
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep  # a few recent ones: each entry holds its contexts alive
+        self.kept: dict[tuple, tuple[tuple, dict[str, Any]]] = {}
+        self.flow_runs: dict[int, tuple[object, dict[str, Any]]] = {}
+
+    def __call__(self, asset_ctx_kwargs: dict[str, Any]) -> dict[str, Any]:
+        current = (EngineContext.get(), TaskRunContext.get(), SettingsContext.get())
+        # TagsContext.get() makes a new empty one whenever none is entered: keyed by its tags
+        key = (*(id(c) for c in current), frozenset(TagsContext.get().current_tags))
+        hit = self.kept.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], current, strict=True)):
+            if len(self.kept) >= self.keep:
+                self.kept.clear()
+            serialized = serialize_context()
+            serialized["flow_run_context"] = self._flow_run(current[0], serialized["flow_run_context"])
+            hit = self.kept[key] = (current, serialized)
+        asset = AssetContext.from_task_and_inputs(**asset_ctx_kwargs).serialize()
+        return {**hit[1], "asset_context": asset}
+
+    def _flow_run(self, context: object, serialized: dict[str, Any]) -> dict[str, Any]:
+        """The serialized flow run context made first for `context`."""
+        hit = self.flow_runs.get(id(context))
+        if hit is None or hit[0] is not context:
+            if len(self.flow_runs) >= self.keep:
+                self.flow_runs.clear()
+            hit = self.flow_runs[id(context)] = (context, serialized)
         return hit[1]
-
-    serialize_once.__wrapped__ = serialize  # type: ignore[attr-defined]
-    return serialize_once
-
-
-def serialize_contexts_once() -> None:
-    """Make the settings' and the flow run's context serialization reuse its result for the
-    same context (the flow's process calls both for every task run it submits)."""
-    for context in (SettingsContext, EngineContext):
-        if not hasattr(context.serialize, "__wrapped__"):
-            context.serialize = _once(context.serialize)
 
 
 class _Stored:

@@ -31,7 +31,7 @@ SERVER_NICENESS = 19
 # own by default (batch size 1): three a task run, most of the server's CPU in a profile of
 # the loop (117 -> 54 CPU-ms an iteration at 8 prompts x 8 samples, bench.cpu_budget). Batched,
 # the task runs' states reach the database up to a second later; nothing in the run waits on
-# them but the final check before Ray stops (flows/reporting.py), which polls for them.
+# them but the final check before Ray stops (reporting.py), which polls for them.
 RECORDER_BATCH = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
@@ -80,6 +80,8 @@ class ApiServerStart:
                     ),
                     "PREFECT_UI_ENABLED": "0",
                     **{k: os.environ.get(k, v) for k, v in RECORDER_BATCH.items()},
+                    # how Prefect's own SubprocessASGIServer tells create_app what it is
+                    # (private: tests/unit/test_prefect_seams.py)
                     "PREFECT__SERVER_EPHEMERAL": "1",
                     "PREFECT__SERVER_FINAL": "1",
                     **get_current_settings().to_environment_variables(exclude_unset=True),
