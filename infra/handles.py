@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import ray
 
 from infra import startup
-from infra.cluster.rank_calls import get_ranks
+from infra.cluster.rank_group import RankGroup, get_ranks
 from infra.config import RunConfig
 from infra.storage.checkpoints import CheckpointStore, config_hash
 from infra.storage.fs import RunStore, storage_options
@@ -28,24 +28,26 @@ STARTUP_FILE = "startup.json"  # in the run folder: where the start-up time went
 class RunHandles:
     cfg: RunConfig
     manager: ray.actor.ActorHandle
-    trainers: list[ray.actor.ActorHandle]
+    trainers: RankGroup
     run_uri: str
     model_uri: str
     transport: WeightTransport
     trackers: Trackers | None = field(default=None, repr=False)
-    critics: list[ray.actor.ActorHandle] = field(default_factory=list)  # ppo's value critic ranks
+    critics: RankGroup = field(default_factory=lambda: RankGroup([], "critic"))  # ppo's value critic ranks
     # Names the checkpoints this flow run commits: a retried save may return one of its
     # own, never one that an earlier run left under the same iteration number.
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
+    def __post_init__(self) -> None:
+        # any sequence of actors becomes a group, so every fan-out names a dead rank alike
+        if not isinstance(self.trainers, RankGroup):
+            self.trainers = RankGroup(self.trainers, "trainer")
+        if not isinstance(self.critics, RankGroup):
+            self.critics = RankGroup(self.critics, "critic")
+
     @property
     def store(self) -> RunStore:
         return RunStore(self.cfg.storage, self.cfg.run_name)
-
-    @property
-    def checkpoint_ranks(self) -> list[ray.actor.ActorHandle]:
-        """Every rank that writes into a checkpoint; all must be durable before the commit."""
-        return [*self.trainers, *self.critics]
 
     def generate(self, rollout_id: int) -> dict:
         started = time.time()  # on the task's worker: when this generate really began
@@ -73,10 +75,7 @@ class RunHandles:
         if self.critics:  # ppo: the critic's values arrive through the manager, as Ray resolves the ref
             values = self.manager.wait_post.remote(rollout_id, "values")
             mailbox = self.manager if self.cfg.algorithm.kl_in_reward else None
-        results = get_ranks(
-            [t.train.remote(rollout_id, batch, values, mailbox) for t in self.trainers],
-            f"train {rollout_id}",
-        )
+        results = self.trainers.call("train", rollout_id, batch, values, mailbox, what=f"train {rollout_id}")
         self.manager.release.remote(rollout_id, "actor")
         metrics = dict(results[0])
         # A checkpoint written in the background during this step is committed now. Failing
@@ -100,15 +99,13 @@ class RunHandles:
         """
         t0 = time.monotonic()
         batch = FromManager(self.manager)
-        refs = [c.compute_values.remote(rollout_id, batch) for c in self.critics]
+        refs = self.critics.refs("compute_values", rollout_id, batch)
         posted = self.manager.post.remote(rollout_id, "values", refs[0])  # critic rank 0 -> manager
-        get_ranks(refs, f"critic values {rollout_id}")
+        get_ranks(refs, f"critic values {rollout_id}", self.critics.role)
         kl = None
         if self.cfg.algorithm.kl_in_reward and rollout_id >= self.cfg.num_critic_only_steps:
             kl = self.manager.wait_post.remote(rollout_id, "kl")
-        results = get_ranks(
-            [c.train.remote(rollout_id, batch, kl) for c in self.critics], f"critic {rollout_id}"
-        )
+        results = self.critics.call("train", rollout_id, batch, kl, what=f"critic {rollout_id}")
         ray.get(posted)
         self.manager.release.remote(rollout_id, "critic")
         return {**results[0], "time_train_critic_s": time.monotonic() - t0}
@@ -118,8 +115,8 @@ class RunHandles:
         train call that follows the weight sync finds it ready (infra/trainer/batch_inbox.py).
         Not waited for: a rank without it fetches it in the train call."""
         source = FromManager(self.manager)
-        for rank in (*self.trainers, *self.critics):
-            rank.stage_batch.remote(rollout_id, source)
+        self.trainers.refs("stage_batch", rollout_id, source)
+        self.critics.refs("stage_batch", rollout_id, source)
 
     def release_engines(self) -> dict:
         """Colocated mode: engines free their weights so the trainer has the devices to itself."""
@@ -139,7 +136,7 @@ class RunHandles:
         restarts = ray.get(self.manager.ensure_engines.remote())
         result = self.transport.push(weight_version)
         if self.cfg.weight_sync.check_weight_update_equal:
-            checks = get_ranks([t.check_weights_equal.remote() for t in self.trainers], "weight check")
+            checks = self.trainers.call("check_weights_equal", what="weight check")
             result.update(checks[0])
         result["time_sync_s"] = time.monotonic() - t0
         result["engine_weight_version"] = weight_version
@@ -182,14 +179,14 @@ class RunHandles:
         }
         ckpts.mark_pending(rollout_id, meta)
         model_uri = ckpts.model_uri(path)
-        get_ranks([t.save_checkpoint.remote(model_uri, opts, background) for t in self.trainers], "save")
+        self.trainers.call("save_checkpoint", model_uri, opts, background, what="save")
         self._save_critic(path, opts, background)  # before the commit marker, like the actor's shards
         result = {"checkpoint_uri": ckpts.uri(rollout_id), "checkpoint_committed": not background}
         if not background:
             ckpts.commit(rollout_id, meta)
         if export_hf:
             result["hf_export_uri"] = self.store.uri("hf", "latest")
-            get_ranks([t.export_hf.remote(result["hf_export_uri"], opts) for t in self.trainers], "export")
+            self.trainers.call("export_hf", result["hf_export_uri"], opts, what="export")
         result["time_save_s"] = time.monotonic() - t0
         return result
 
@@ -200,7 +197,11 @@ class RunHandles:
         written. A failed write leaves the folder uncommitted (the next save cleans it) and
         raises, so a resume can never load it."""
         ckpts = ckpts or self._checkpoints()
-        written = get_ranks([t.finish_checkpoint.remote() for t in self.checkpoint_ranks], "checkpoint write")
+        # every rank that writes into a checkpoint (critics too) must be durable first
+        written = [
+            *self.trainers.call("finish_checkpoint", what="checkpoint write"),
+            *self.critics.call("finish_checkpoint", what="critic checkpoint write"),
+        ]
         return ckpts.commit_written(self.run_id, written)
 
     def _checkpoints(self) -> CheckpointStore:
@@ -217,7 +218,7 @@ class RunHandles:
         if point is not None:
             uri, meta = point
             opts = storage_options(self.cfg.storage)
-            get_ranks([t.load_checkpoint.remote(f"{uri}/model", opts) for t in self.trainers], "load")
+            self.trainers.call("load_checkpoint", f"{uri}/model", opts, what="load")
             self._restore_critic(uri, opts)
             nxt = meta["next_rollout_id"]
             ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
@@ -228,12 +229,12 @@ class RunHandles:
         """The critic's DCP state (model, optimizer, scheduler) in `critic/` beside `model/`."""
         if self.critics:
             uri = f"{ckpt_uri.rstrip('/')}/critic"
-            get_ranks([c.save_checkpoint.remote(uri, opts, background) for c in self.critics], "critic save")
+            self.critics.call("save_checkpoint", uri, opts, background, what="critic save")
 
     def _restore_critic(self, ckpt_uri: str, opts: dict) -> None:
         if self.critics:
             uri = f"{ckpt_uri.rstrip('/')}/critic"
-            get_ranks([c.load_checkpoint.remote(uri, opts) for c in self.critics], "critic load")
+            self.critics.call("load_checkpoint", uri, opts, what="critic load")
 
     def record(self, row: dict) -> None:
         append_metrics(self.store, row)

@@ -14,6 +14,7 @@ import ray
 from infra import startup
 from infra.cluster.control_workers import ControlWorkers, close_pool, open_pool
 from infra.cluster.placement import PlacementLayout, plan_placement
+from infra.cluster.rank_group import RankGroup, get_ranks
 from infra.cluster.ray_cluster import (
     bundle_nodes,
     connect,
@@ -64,8 +65,8 @@ class RLSystem:
         self.pids: dict[str, list] = {}  # process ids per role (trainer ranks, engine servers)
         self.actors: list = []
         self.engines: list = []
-        self.trainers: list = []
-        self.critics: list = []
+        self.trainers = RankGroup([], "trainer")
+        self.critics = RankGroup([], "critic")
         self.transport: WeightTransport | None = None
         self.control: ControlWorkers | None = None
         self.trackers: Trackers | None = None
@@ -117,11 +118,11 @@ class RLSystem:
             cfg=cfg,
             trackers=self.trackers,
             manager=manager,
-            trainers=list(self.trainers),
+            trainers=self.trainers,
             run_uri=store.run_uri,
             model_uri=model_uri,
             transport=self.transport,
-            critics=list(self.critics),
+            critics=self.critics,
         )
 
     def _start_engines(self, layout: PlacementLayout, model_uri: str, opts: dict) -> list[ray.ObjectRef]:
@@ -133,14 +134,18 @@ class RLSystem:
             ray.wait(urls, num_returns=len(urls))
         return urls
 
-    def _place_trainer_groups(self, layout: PlacementLayout) -> list[list]:
+    def _place_trainer_groups(self, layout: PlacementLayout) -> list[RankGroup]:
         """The trainer ranks, and with ppo the critic's; one list of actors per FSDP group."""
         cfg, ranks = self.cfg, self.cfg.cluster.trainer.num_workers
-        self.trainers = self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks))
+        self.trainers = RankGroup(
+            self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks)), "trainer"
+        )
         groups = [self.trainers]
         if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
             n = cfg.cluster.critic.num_workers
-            self.critics = self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n))
+            self.critics = RankGroup(
+                self._place(CriticRank, layout, "critic", lambda r: (cfg, r, n)), "critic"
+            )
             groups.append(self.critics)
         return groups
 
@@ -156,10 +161,10 @@ class RLSystem:
         return manager
 
     @staticmethod
-    def _set_up(group: list, model_uri: str, opts: dict) -> list[ray.ObjectRef]:
+    def _set_up(group: RankGroup, model_uri: str, opts: dict) -> list[ray.ObjectRef]:
         """Every member of an FSDP group loads the model, meeting at its rank 0's address."""
         addr, port = ray.get(group[0].master_address.remote())
-        return [member.setup.remote(model_uri, opts, addr, port) for member in group]
+        return group.refs("setup", model_uri, opts, addr, port)
 
     def _wait_for_engines(self, starting: list[ray.ObjectRef]) -> list[str]:
         urls = ray.get(starting)
@@ -169,12 +174,12 @@ class RLSystem:
         return urls
 
     def _wait_for_trainer_groups(self, setups: list[list[ray.ObjectRef]]) -> None:
-        ray.get(setups[0])
-        self.pids["trainer_ranks"] = ray.get([t.pid.remote() for t in self.trainers])
+        get_ranks(setups[0], "setup", "trainer")
+        self.pids["trainer_ranks"] = self.trainers.call("pid")
         startup.mark("trainers_ready")
         if self.critics:
-            ray.get(setups[1])
-            self.pids["critic_ranks"] = ray.get([c.pid.remote() for c in self.critics])
+            get_ranks(setups[1], "setup", "critic")
+            self.pids["critic_ranks"] = self.critics.call("pid")
             startup.mark("critics_ready")
 
     def _order_bundles(self, layout: PlacementLayout) -> None:
@@ -226,7 +231,8 @@ class RLSystem:
                 ray.kill(actor)
             except Exception as e:  # noqa: BLE001
                 log.warning("kill failed: %s", e)
-        self.actors, self.trainers, self.critics, self.engines = [], [], [], []
+        self.actors, self.engines = [], []
+        self.trainers, self.critics = RankGroup([], "trainer"), RankGroup([], "critic")
         if self.control is not None:  # after the flow waited for its task runs' reports
             close_pool(self.control)
             self.control = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import ray
 
-from infra.cluster.rank_calls import get_ranks
+from infra.cluster.rank_group import RankGroup
 from infra.config import RunConfig
 from infra.storage.fs import RunStore, storage_options
 
@@ -38,13 +38,17 @@ def export_rel(version: int) -> str:
 @dataclass
 class WeightTransport(ABC):
     cfg: RunConfig
-    trainers: list
+    trainers: RankGroup
     engines: list
     engine_urls: list[str]
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.trainers, RankGroup):
+            self.trainers = RankGroup(self.trainers, "trainer")
+
     def open(self) -> None:
         """Connect the trainer to the engines (before the first push)."""
-        ray.get([t.connect_engines.remote(self.engine_urls) for t in self.trainers])
+        self.trainers.call("connect_engines", self.engine_urls)
 
     @abstractmethod
     def push(self, version: int) -> dict:
@@ -65,10 +69,10 @@ class BroadcastTransport(WeightTransport):
 
     def open(self) -> None:
         super().open()
-        ray.get([t.open_weight_group.remote(self.group_name) for t in self.trainers])
+        self.trainers.call("open_weight_group", self.group_name)
 
     def push(self, version: int) -> dict:
-        return get_ranks([t.update_weights.remote(version) for t in self.trainers], "weight sync")[0]
+        return self.trainers.rank0("update_weights", version, what="weight sync")
 
     def restore(self, engine_urls: list[str], index: int) -> str:
         # every engine joins a new group (fresh name): a group cannot take a new member
@@ -76,7 +80,7 @@ class BroadcastTransport(WeightTransport):
         return ray.get(self.trainers[0].restore_engines.remote(engine_urls, name))
 
     def close(self) -> None:
-        ray.get([t.close_weight_group.remote() for t in self.trainers], timeout=120)
+        ray.get(self.trainers.refs("close_weight_group"), timeout=120)
 
 
 @dataclass
@@ -85,7 +89,7 @@ class DiskTransport(WeightTransport):
         store = RunStore(self.cfg.storage, self.cfg.run_name)
         opts = storage_options(self.cfg.storage)
         uri = store.uri(export_rel(version))
-        get_ranks([t.export_hf.remote(uri, opts) for t in self.trainers], "weight export")
+        self.trainers.call("export_hf", uri, opts, what="weight export")
         ray.get([e.load_weights_from_disk.remote(uri, opts, str(version)) for e in self.engines])
         removed = remove_older_exports(store, version)
         return {"export_uri": uri, "exports_removed": removed}
@@ -122,7 +126,9 @@ def remove_older_exports(store: RunStore, keep: int) -> int:
     return removed
 
 
-def make_transport(cfg: RunConfig, trainers: list, engines: list, engine_urls: list[str]) -> WeightTransport:
+def make_transport(
+    cfg: RunConfig, trainers: RankGroup, engines: list, engine_urls: list[str]
+) -> WeightTransport:
     if cfg.weight_sync.method == "broadcast":
         return BroadcastTransport(cfg, trainers, engines, engine_urls, group_name_for(cfg.run_name))
     if cfg.weight_sync.method == "disk":

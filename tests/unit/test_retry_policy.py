@@ -4,7 +4,7 @@ actor's error) fails the task at once, so its message appears once, not per retr
 from prefect.states import Failed
 from ray.exceptions import RayTaskError
 
-from infra.cluster.rank_calls import TrainerRankDied
+from infra.cluster.rank_group import TrainerRankDied
 from infra.engines.client import EngineError
 from infra.errors import is_deterministic
 from infra.rollout.scoring import TooManyFailedSamples
