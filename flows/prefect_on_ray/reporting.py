@@ -8,7 +8,7 @@ without their logs.
 
 - A completed task run returns at once and its worker's services keep running: its logs
   go with the next batch, its states as events. Stopping (draining) the services after
-  every task run, to send at once, made the next task run start them again with two new
+  every task run, to send at once, would make the next task run start them again with two new
   API clients; each one builds an SSL context from the CA bundle, and a profile of the demo
   loop's workers found that the largest part of their CPU.
 - A task run that did not complete drains before it returns, so a failure's traceback and

@@ -6,7 +6,7 @@ itself: `python -m flows.train` connects before the flow run (infra.cluster.ray_
 ray_session), or the flow body does (infra.system.RLSystem).
 
 It submits what prefect-ray's RayTaskRunner submits (its `submit`, as of prefect-ray 0.5.0),
-with its own task body (task_body.py), and differs where that was slow or fragile:
+with its own task body (task_body.py), and differs where that is slow or fragile:
 - one Ray remote function per set of remote options, not a new one per task run;
 - task runs go to the run's control workers (infra/cluster/control_workers.py) when the
   remote options are theirs;
