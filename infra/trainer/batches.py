@@ -1,4 +1,5 @@
-"""Samples -> padded tensors of one micro-batch, and the small collectives the step needs."""
+"""Samples -> the plan of padded micro-batches of every optimizer step, and the small
+collectives the step needs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
+from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
 
 
 @dataclass
@@ -49,6 +52,18 @@ def collate(samples: list[Sample], index: list[int], device: torch.device) -> Mi
     advantages = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
     tensors = (t.to(device) for t in (ids, mask, advantages, engine, engine_mask))
     return MicroBatch(*tensors, index=list(index))
+
+
+def plan_steps(
+    samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device
+) -> list[list[MicroBatch]]:
+    """This rank's micro-batches of each optimizer step (every rank runs the same number)."""
+    if cfg.micro_batch_tokens is None:
+        plan = plan_by_count(len(samples), world_size, gbs, cfg.micro_batch_size)
+    else:
+        lengths = [padded_length(len(s.prompt_ids), len(s.response_ids)) for s in samples]
+        plan = plan_by_tokens(lengths, world_size, gbs, cfg.micro_batch_tokens)
+    return [[collate([samples[i] for i in mb], mb, device) for mb in step[rank]] for step in plan]
 
 
 def logits_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:

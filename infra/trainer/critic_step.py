@@ -12,11 +12,11 @@ from torch import nn
 
 from infra.config import RunConfig
 from infra.rollout.batch import Sample
-from infra.trainer.batches import MicroBatch, all_reduce_sum
+from infra.trainer.batches import MicroBatch, all_reduce_sum, plan_steps
 from infra.trainer.critic_losses import clipped_value_loss
+from infra.trainer.optimizer_step import guarded_step
 from infra.trainer.parallelize import MicroBatches, micro_batches
 from infra.trainer.ppo_targets import response_mask, response_width, to_positions, to_response
-from infra.trainer.step import guarded_step, plan_steps
 
 
 def values_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
-from infra.trainer.batches import MicroBatch, all_reduce_sum, collate, logits_of
+from infra.trainer.batches import MicroBatch, all_reduce_sum, logits_of, plan_steps
 from infra.trainer.losses import (
     aggregation_weights,
     entropy_from_logits,
@@ -16,57 +15,9 @@ from infra.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
-from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
-from infra.trainer.nonfinite import any_rank, is_finite
 from infra.trainer.offpolicy import OldPolicy, PublishKL, old_logprobs_from_first_step, prepare_old_policy
+from infra.trainer.optimizer_step import guarded_step
 from infra.trainer.parallelize import MicroBatches, micro_batches
-
-
-def grad_norm(model: nn.Module) -> torch.Tensor:
-    # Torchtitan's recipe: the norm of FSDP2's sharded DTensor grads is a partial result;
-    # full_tensor() reduces it across ranks into the true global norm (same on every rank).
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    return total.full_tensor() if isinstance(total, DTensor) else total
-
-
-def clip_grads(model: nn.Module, max_norm: float, total: torch.Tensor) -> None:
-    params = [p for p in model.parameters() if p.grad is not None]
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-
-
-def guarded_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    step_loss: torch.Tensor,
-    max_norm: float,
-    world_size: int,
-) -> float | None:
-    """Clip the gradients and apply one optimizer and LR-schedule step; returns the gradient
-    norm before clipping. A NaN/inf loss or gradient would poison the weights: then no step
-    is taken on any rank (the gradients are dropped) and None is returned."""
-    norm = grad_norm(model)
-    if any_rank(not (is_finite(step_loss) and is_finite(norm)), world_size):
-        optimizer.zero_grad(set_to_none=True)
-        return None
-    clip_grads(model, max_norm, norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
-
-
-def plan_steps(
-    samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device
-) -> list:
-    """This rank's micro-batches of each optimizer step (every rank runs the same number)."""
-    if cfg.micro_batch_tokens is None:
-        plan = plan_by_count(len(samples), world_size, gbs, cfg.micro_batch_size)
-    else:
-        lengths = [padded_length(len(s.prompt_ids), len(s.response_ids)) for s in samples]
-        plan = plan_by_tokens(lengths, world_size, gbs, cfg.micro_batch_tokens)
-    return [[collate([samples[i] for i in mb], mb, device) for mb in step[rank]] for step in plan]
 
 
 def train_on_batch(
