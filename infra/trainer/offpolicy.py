@@ -1,5 +1,5 @@
-"""The old policy's logprobs (a pass before the policy steps, or the only step's own forward)
-and what they say about the rollout.
+"""The old policy's logprobs (a pass before the policy steps, or the only step's own forward),
+the reference's (the same pass) and what the old ones say about the rollout.
 
 The PPO ratio's denominator comes from the trainer's own forward, not from the engine
 (its numerics differ). In async mode that forward runs with weights one step newer than
@@ -12,27 +12,14 @@ not staleness.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from infra.algorithms.advantages import compute_advantages
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
 from infra.trainer.batches import MicroBatch, all_reduce_max, all_reduce_sum, logits_of
-from infra.trainer.losses import LOG_RATIO_CLAMP, kl_penalty, tis_weights, token_logprobs
-from infra.trainer.ppo_targets import (
-    as_lists,
-    from_lists,
-    ppo_targets,
-    response_width,
-    to_positions,
-    to_response,
-)
-
-# Rank 0 of the actor hands the critic its per-token KL (response coordinates, plain lists).
-PublishKL = Callable[[list[list[float]]], None]
+from infra.trainer.losses import LOG_RATIO_CLAMP, tis_weights, token_logprobs
+from infra.trainer.parallelize import micro_batches
 
 
 def _staleness(samples: list[Sample], rollout_id: int | None) -> dict:
@@ -40,58 +27,6 @@ def _staleness(samples: list[Sample], rollout_id: int | None) -> dict:
         return {}
     lags = [rollout_id - s.weight_version for s in samples]
     return {"staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags)}
-
-
-def _kl_in_reward(
-    plan: list[list[MicroBatch]], samples: list[Sample], cfg: AlgorithmConfig, world_size: int
-) -> dict:
-    """reward - kl_coef x (summed KL of the old policy to the reference), then the advantages again."""
-    device = plan[0][0].mask.device
-    seq_kl = torch.zeros(len(samples), device=device)
-    for mb in (mb for step in plan for mb in step):  # each rank fills the rows it holds
-        kl = kl_penalty(mb.old_logprobs, mb.ref_logprobs, cfg.kl_type)
-        seq_kl[mb.index] = (kl * mb.mask).sum(-1)
-    seq_kl = all_reduce_sum(seq_kl, world_size).tolist()
-    rewards = [s.reward - cfg.kl_coef * k for s, k in zip(samples, seq_kl, strict=True)]
-    advantages = compute_advantages(
-        cfg.advantage_estimator,
-        rewards,
-        [s.group for s in samples],
-        [len(s.response_ids) if s.prompt_ids else 0 for s in samples],
-        normalize_std=cfg.normalize_advantage_std,
-        unbiased_std=cfg.unbiased_std,
-    )
-    for mb in (mb for step in plan for mb in step):
-        mb.advantages = torch.tensor([[advantages[i]] for i in mb.index], device=device)
-    return {"kl_reward_penalty": cfg.kl_coef * sum(seq_kl) / len(seq_kl)}
-
-
-def _ppo_advantages(
-    plan: list[list[MicroBatch]],
-    samples: list[Sample],
-    cfg: AlgorithmConfig,
-    world_size: int,
-    values: list[list[float]],
-    publish_kl: PublishKL | None,
-) -> dict:
-    """Per-token GAE advantages from the critic's values (and, kl_in_reward, the KL per token)."""
-    device = plan[0][0].mask.device
-    kl = None
-    if cfg.kl_in_reward:
-        kl = torch.zeros(len(samples), response_width(samples), device=device)
-        for mb in (mb for step in plan for mb in step):  # each rank fills the rows it holds
-            to_response(kl_penalty(mb.old_logprobs, mb.ref_logprobs, cfg.kl_type) * mb.mask, mb, samples, kl)
-        kl = all_reduce_sum(kl, world_size)
-        if publish_kl is not None:
-            publish_kl(as_lists(kl, samples))
-    advantages, _ = ppo_targets(
-        samples, from_lists(values, samples, device), cfg.gamma, cfg.lam, kl, cfg.kl_coef
-    )
-    for mb in (mb for step in plan for mb in step):
-        mb.advantages = to_positions(advantages, mb, samples)
-    if kl is None:
-        return {}
-    return {"kl_reward_penalty": cfg.kl_coef * float(kl.sum()) / len(samples)}
 
 
 class OldPolicy:
@@ -113,6 +48,8 @@ class OldPolicy:
         # fresh |diff| sum, fresh tokens, stale |diff| sum, stale tokens, tis w sum, tis tokens, tis capped
         self.sums = torch.zeros(7, device=device)
         self.tis_max = torch.zeros(1, device=device)
+        # the first step's forward records the old logprobs (no pass of their own)
+        self.from_first_step = False
 
     def record(self, mb: MicroBatch, old_logprobs: torch.Tensor) -> None:
         mb.old_logprobs = old_logprobs
@@ -176,40 +113,29 @@ def old_logprobs_from_first_step(cfg: AlgorithmConfig, plan: list[list[MicroBatc
     return cfg.ppo_epochs == 1 and len(plan) == 1 and not cfg.kl_in_reward
 
 
-def prepare_old_policy(
+def old_and_ref_logprobs(
     model: nn.Module,
     ref_model: nn.Module | None,
     plan: list[list[MicroBatch]],
-    old: OldPolicy,
+    samples: list[Sample],
     cfg: AlgorithmConfig,
     temperature: float,
-    world_size: int,
     *,
+    tis: bool,
+    rollout_id: int | None,
     old_pass: bool,
-    values: list[list[float]] | None = None,
-    publish_kl: PublishKL | None = None,
-) -> dict:
-    """Before the steps: reference logprobs, the old logprobs when `old_pass` (otherwise the
-    first step records them, see `old_logprobs_from_first_step`), and the advantages that
-    depend on them; returns the metrics of those advantages.
-
-    ppo: `values` are the critic's values of the rollout (response coordinates); the
-    micro-batches get per-token GAE advantages, and `publish_kl` (rank 0) receives the
-    per-token KL the critic's returns need when the KL is in the reward.
-    """
-    samples = old.samples
-    with torch.no_grad():
+) -> OldPolicy:
+    """Before the steps, in one no-grad pass over the plan: the reference logprobs, and the old
+    logprobs unless the first step's forward can record them (`old_logprobs_from_first_step`;
+    `old_pass` insists on the pass). Returns the old policy, to record into and report on."""
+    old = OldPolicy(samples, cfg, next(model.parameters()).device, tis=tis, rollout_id=rollout_id)
+    old.from_first_step = not old_pass and old_logprobs_from_first_step(cfg, plan)
+    with micro_batches(ref_model), torch.no_grad():
         for mb in (mb for step in plan for mb in step):
-            if old_pass:
+            if not old.from_first_step:
                 old.record(mb, token_logprobs(logits_of(model, mb), mb.input_ids[:, 1:], temperature))
             if ref_model is not None and cfg.kl_coef > 0:
                 mb.ref_logprobs = token_logprobs(logits_of(ref_model, mb), mb.input_ids[:, 1:], temperature)
     if cfg.kl_in_reward and ref_model is None:
         raise ValueError("algorithm.kl_in_reward needs the reference model (algorithm.kl_coef > 0)")
-    if cfg.advantage_estimator == "ppo":
-        if values is None:
-            raise ValueError("algorithm.advantage_estimator=ppo: the actor got no values from the critic")
-        return _ppo_advantages(plan, samples, cfg, world_size, values, publish_kl)
-    if cfg.kl_in_reward:
-        return _kl_in_reward(plan, samples, cfg, world_size)
-    return {}
+    return old

@@ -7,6 +7,7 @@ from torch import nn
 
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
+from infra.trainer.advantages import PublishKL, set_advantages
 from infra.trainer.batches import MicroBatch, all_reduce_sum, logits_of, plan_steps
 from infra.trainer.losses import (
     aggregation_weights,
@@ -15,7 +16,7 @@ from infra.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
-from infra.trainer.offpolicy import OldPolicy, PublishKL, old_logprobs_from_first_step, prepare_old_policy
+from infra.trainer.offpolicy import OldPolicy, old_and_ref_logprobs
 from infra.trainer.optimizer_step import guarded_step
 from infra.trainer.parallelize import MicroBatches, micro_batches
 
@@ -46,7 +47,7 @@ def train_on_batch(
     measure or test what leaving the pass out changes (the result is the same).
 
     ppo: `values` (the critic's, per response token) replace the samples' scalar advantages
-    by per-token GAE advantages; see `prepare_old_policy` for `publish_kl`.
+    by per-token GAE advantages; see `set_advantages` for `publish_kl`.
 
     `rollout_id` is the trainer's weight version (iterations trained so far): samples
     generated with that version measure the engine/trainer numeric mismatch; the others
@@ -59,17 +60,22 @@ def train_on_batch(
         )
     device = next(model.parameters()).device
     plan = plan_steps(samples, rank, world_size, global_batch_size, cfg, device)
-    old = OldPolicy(samples, cfg, device, tis=tis, rollout_id=rollout_id)
-    from_step = not old_pass and old_logprobs_from_first_step(cfg, plan)
     # the old-policy pass and the first step see the same weights: gathered once for both
     with micro_batches(model) as fsdp:
-        with micro_batches(ref_model):
-            metrics = prepare_old_policy(
-                model, ref_model, plan, old, cfg, temperature, world_size,
-                old_pass=not from_step, values=values, publish_kl=publish_kl,
-            )  # fmt: skip
+        old = old_and_ref_logprobs(
+            model,
+            ref_model,
+            plan,
+            samples,
+            cfg,
+            temperature,
+            tis=tis,
+            rollout_id=rollout_id,
+            old_pass=old_pass,
+        )
+        metrics = set_advantages(plan, samples, cfg, world_size, values=values, publish_kl=publish_kl)
         stats = _policy_steps(
-            model, optimizer, scheduler, plan, fsdp, old if from_step else None,
+            model, optimizer, scheduler, plan, fsdp, old if old.from_first_step else None,
             cfg=cfg, world_size=world_size, temperature=temperature, max_response_len=max_response_len,
         )  # fmt: skip
     return {**old.metrics(world_size), **metrics, **stats}
