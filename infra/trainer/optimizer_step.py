@@ -43,3 +43,43 @@ def guarded_step(
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)
+
+
+class OptimizerSteps:
+    """The guarded steps of one training call, and what they report: the mean loss and
+    gradient norm of the steps taken, the last learning rate, the steps skipped."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        max_norm: float,
+        world_size: int,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.max_norm, self.world_size = max_norm, world_size
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.lr, self.steps, self.skipped = 0.0, 0, 0
+
+    def take(self, step_loss: torch.Tensor) -> None:
+        self.steps += 1
+        self.lr = self.scheduler.get_last_lr()[0]
+        norm = guarded_step(
+            self.model, self.optimizer, self.scheduler, step_loss, self.max_norm, self.world_size
+        )
+        if norm is None:  # a skipped step (non-finite loss or gradient)
+            self.skipped += 1
+            return
+        self.losses.append(float(step_loss))
+        self.grad_norms.append(norm)
+
+    def metrics(self) -> dict:
+        return {
+            "loss": sum(self.losses) / len(self.losses) if self.losses else 0.0,
+            "grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else 0.0,
+            "lr": self.lr,
+            "num_steps": self.steps,
+            "skipped_steps": self.skipped,
+        }
