@@ -9,7 +9,7 @@ from torch import nn
 
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
-from infra.trainer.advantages import PublishKL, set_advantages
+from infra.trainer.advantage_stage import PublishKL, set_advantages
 from infra.trainer.batches import plan_steps
 from infra.trainer.objective import PolicyObjective
 from infra.trainer.offpolicy import old_and_ref_logprobs
