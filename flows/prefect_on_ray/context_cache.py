@@ -17,16 +17,24 @@ during a flow run (Prefect changes them by entering new ones), so that part of t
 serialized context is kept (`SerializedContexts`). The flow run context also goes to Ray's
 object store once (~55 KB pickled: the flow object and its parameter schema); task runs
 carry a reference to it, and each worker unpickles it once.
+
+A flow that a deployment runs is loaded from its file by path: Prefect imports it as a
+top-level module named after the file (`flows/train.py` becomes `train`), which no Ray
+worker can import. The flow object in the flow run context would then reach the workers as
+a reference to that module and fail there ("No module named 'train'"), so such a module
+travels by value (`_flow_module_by_value`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import ray
+import ray.cloudpickle
 from prefect.context import (
     AssetContext,
     EngineContext,
@@ -101,7 +109,17 @@ def store_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
     serialized = context.get("flow_run_context")
     if not serialized:
         return context
+    _flow_module_by_value(serialized.get("flow"))
     return {**context, "flow_run_context": _Stored(_stored(serialized))}
+
+
+def _flow_module_by_value(flow: object) -> None:
+    """Have Ray pickle the flow's module by value when it is a top-level module, as Prefect
+    names a flow file it loads by path; a module of a package (`flows.train`) is importable
+    on the workers and goes by reference."""
+    module = sys.modules.get(getattr(getattr(flow, "fn", None), "__module__", None) or "")
+    if module is not None and "." not in module.__name__ and module.__name__ != "__main__":
+        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def load_flow_run_context(context: dict[str, Any]) -> dict[str, Any]:
