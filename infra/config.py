@@ -56,6 +56,23 @@ class TinyModelConfig(_Section):
         return self
 
 
+class LoraConfig(_Section):
+    """A LoRA adapter trained instead of the full model (peft). The base weights stay frozen;
+    only the adapter and its optimizer state are trained and checkpointed."""
+
+    r: int = Field(8, ge=1, description="Rank of the adapter's low-rank update B @ A.")
+    alpha: float = Field(
+        16, gt=0, description="Scale of the update: W + (alpha / r) * B @ A (peft's `lora_alpha`)."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Names of the linear layers that get an adapter (peft's `target_modules`), e.g. "
+        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.",
+    )
+
+
 class ModelConfig(_Section):
     path: str = Field(
         "builtin:tiny-llama",
@@ -64,6 +81,11 @@ class ModelConfig(_Section):
         "folder on first use.",
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the built-in model.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train a LoRA adapter on the frozen model (see `weight_sync.lora` for how engines "
+        "get it). Empty: full fine-tuning.",
+    )
 
 
 class RoleResources(_Section):
@@ -505,6 +527,14 @@ class WeightSyncConfig(_Section):
         "and fail naming the tensor and engine on a mismatch. Few SGLang model classes implement "
         "/get_weights_by_name (Llama does).",
     )
+    lora: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="With `model.lora`: `merged` sends full weights with the adapter merged in "
+        "(W + alpha/r * B @ A) through `method`, so any engine serves them unchanged. `adapter` sends "
+        "only the adapter: the trainer writes a PEFT adapter directory per version to the run's storage, "
+        "every engine loads it under a new name (`/load_lora_adapter`; launched with LoRA enabled), "
+        "rollout requests name it (`lora_path`), and the previous version is unloaded.",
+    )
     timeout_s: float = Field(
         120,
         gt=0,
@@ -768,7 +798,19 @@ class RunConfig(_Section):
                     raise ValueError(f"rollout.{name} applies to rollout.engine=sglang only")
         if self.cluster.colocate:
             self._check_colocation()
+        self._check_lora()
         return self
+
+    def _check_lora(self) -> None:
+        if self.weight_sync.lora == "adapter" and self.model.lora is None:
+            raise ValueError(
+                "weight_sync.lora=adapter sends a LoRA adapter: set model.lora (or weight_sync.lora=merged)"
+            )
+        if self.weight_sync.lora == "adapter" and self.rollout.generate_fn is not None:
+            raise ValueError(
+                "weight_sync.lora=adapter with rollout.generate_fn: a custom rollout function sends its "
+                "own requests, which would not name the adapter; use weight_sync.lora=merged"
+            )
 
     def _check_colocation(self) -> None:
         trainer, engines = self.cluster.trainer, self.cluster.engines
