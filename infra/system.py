@@ -106,7 +106,7 @@ class RLSystem:
         urls = self._wait_for_engines(starting)
         self._wait_for_trainer_groups(setups)
 
-        self.transport = make_transport(cfg, self.trainers, self.engines, urls)
+        self.transport = make_transport(cfg, self.trainers, self.engines, urls, manager)
         self.transport.open()
         startup.mark("transport_open")
         ray.get(manager.attach_engines.remote(urls, list(self.engines), self.transport))

@@ -88,6 +88,8 @@ class RolloutManager:
         self._summaries: dict[int, dict] = {}
         self._lock = threading.Lock()
         self.handoff = Handoff(self._consumers)
+        # weight_sync.lora=adapter: the adapter every request names, and its weight version
+        self._adapter: tuple[str, int] | None = None
 
     def attach_engines(
         self, engine_urls: list[str], engine_actors: list | None = None, transport=None
@@ -166,17 +168,24 @@ class RolloutManager:
         per_engine = -(-len(prompt_ids) // len(self.engines)) * n  # whole groups per engine
         chunks = [range(i, min(i + per_engine, total)) for i in range(0, total, per_engine)]
 
+        adapter = self._adapter  # one adapter for the whole call, though a sync may follow it
+
         def run(e: int) -> list[dict]:
             idx = chunks[e]
             # a chunk whose engine fails is sent again whole, once the engine is recovered
-            return self.engines.call(
+            outs = self.engines.call(
                 e,
                 lambda client: client.generate(
                     [prompt_ids[j // n] for j in idx],
                     [{**params, "sampling_seed": seed + j} for j in idx],
                     rid=[f"{rid}-{j:07d}" for j in idx],
+                    **({"lora_path": adapter[0]} if adapter else {}),
                 ),
             )
+            if adapter is not None:  # loading an adapter leaves the engine's own version as it was
+                for out in outs:
+                    out["meta_info"]["weight_version"] = str(adapter[1])
+            return outs
 
         with ThreadPoolExecutor(len(chunks)) as pool:
             return [o for chunk_outs in pool.map(run, range(len(chunks))) for o in chunk_outs]
@@ -398,6 +407,12 @@ class RolloutManager:
                 client.resume_memory_occupation()
             else:
                 client.release_memory_occupation()
+
+    def use_adapter(self, name: str, version: int) -> str | None:
+        """Name LoRA adapter `name` (weight version `version`, loaded on every engine) in every
+        request from now on; returns the adapter named before it."""
+        previous, self._adapter = self._adapter, (name, version)
+        return previous[0] if previous else None
 
     def ensure_engines(self) -> int:
         """Recover engines that are down now (before a weight sync); returns how many."""

@@ -24,9 +24,20 @@ from infra.trainer.lr_schedule import lr_factor
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.optim.lr_scheduler import LambdaLR
 
     from infra.storage.dcp_io import BackgroundSave
+
+
+def _trained_only(loading: bool = False) -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # A checkpoint holds what training changes: with a LoRA adapter, the adapter (the frozen
+    # base is loaded from model.path again on resume); in full fine-tuning, every parameter.
+    # Loading it into the model then leaves the frozen ones out: not strict. A key missing
+    # from the checkpoint still fails, in DCP's load into the template of `_dcp_state`.
+    return StateDictOptions(ignore_frozen_params=True, strict=not loading)
 
 
 class FSDPRank:
@@ -103,9 +114,9 @@ class FSDPRank:
         import torch
         from torch.optim.lr_scheduler import LambdaLR
 
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
-        )
+        # only what trains: with a LoRA adapter the frozen base holds no optimizer state
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, weight_decay=weight_decay)
         schedule = partial(
             lr_factor, warmup=warmup, total=self.cfg.total_optimizer_steps, kind=kind, min_ratio=min_ratio
         )
@@ -117,7 +128,7 @@ class FSDPRank:
         import torch
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_trained_only())
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -156,7 +167,11 @@ class FSDPRank:
         state = self._dcp_state()  # the template DCP loads into, in place
         load_state(state, path, storage_options)
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=_trained_only(loading=True),
         )
         self.scheduler.load_state_dict(state["scheduler"])
         rng = state[f"rng_rank{self.rank}"]

@@ -48,6 +48,7 @@ class OldPolicy:
         # fresh |diff| sum, fresh tokens, stale |diff| sum, stale tokens, tis w sum, tis tokens, tis capped
         self.sums = torch.zeros(7, device=device)
         self.tis_max = torch.zeros(1, device=device)
+        self.fresh_diff_max = torch.zeros(1, device=device)
         # the first step's forward records the old logprobs (no pass of their own)
         self.from_first_step = False
 
@@ -65,6 +66,7 @@ class OldPolicy:
         self.sums[1] += (mb.engine_mask * fresh).sum()
         self.sums[2] += (diff * (1 - fresh)).sum()
         self.sums[3] += (mb.engine_mask * (1 - fresh)).sum()
+        self.fresh_diff_max = torch.maximum(self.fresh_diff_max, (diff * fresh).max().reshape(1))
         if not self.tis:
             return
         missing = ((mb.mask > 0) & (mb.engine_mask == 0)).any(-1).nonzero().flatten().tolist()
@@ -86,6 +88,7 @@ class OldPolicy:
             **_staleness(self.samples, self.rollout_id),
             # same weights on both sides: the engine/trainer numeric gap alone
             "train_engine_logprob_abs_diff": s[0] / max(s[1], 1.0),
+            "train_engine_logprob_abs_diff_max": float(all_reduce_max(self.fresh_diff_max, world_size)),
             "train_engine_logprob_tokens": int(s[1]),
             # samples from older weights: numerics plus staleness
             "train_engine_logprob_abs_diff_stale": s[2] / max(s[3], 1.0),

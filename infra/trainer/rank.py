@@ -37,6 +37,16 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param
 
 
+def _save_model(state: dict[str, torch.Tensor], config, directory: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(state, assign=True)
+    plain.save_pretrained(directory)
+
+
 class TrainerRank(FSDPRank):
     # "restore": an engine restarted mid-run gets its weights from a thread beside training
     CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {**FSDPRank.CONCURRENCY_GROUPS, "restore": 1}
@@ -78,6 +88,10 @@ class TrainerRank(FSDPRank):
         # fp32 master weights; on GPUs FSDP's mixed precision computes in bf16.
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.requires_grad_(trainable)
+        if trainable and self.cfg.model.lora is not None:
+            from infra.model.lora import apply_lora
+
+            model = apply_lora(model, self.cfg.model.lora)  # the base frozen, the adapter trained
         model.train(trainable)
         return parallelize(model, self.world_size, self.cfg.cluster.fsdp_gather)
 
@@ -199,22 +213,23 @@ class TrainerRank(FSDPRank):
         gathered (infra/trainer/push.py)."""
         import torch
 
+        from infra.trainer.lora_merge import merged_params
         from infra.trainer.push import push_buckets
         from infra.weights.buckets import bucket_params
 
         if self.rank == 0 and self._sender is None:
             raise RuntimeError("update_weights before open_weight_group")
         start = time.perf_counter()
-        params = dict(self.model.named_parameters())
-        sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
-        buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
         sender = self._sender if self.rank == 0 else None
         keep = sender is not None and self.cfg.rollout.engine_max_restarts > 0
         reuse = self._spare if sender is not None and sender.device.type == "cpu" else None
-        with torch.no_grad(), sender.session() if sender is not None else nullcontext():
-            pushed = push_buckets(params, buckets, sender, str(weight_version), keep, reuse)
-            if pushed.failed is not None:
-                raise pushed.failed
+        with merged_params(self.model) as params:
+            sizes = [(name, p.numel() * p.element_size()) for name, p in params.items()]
+            buckets = bucket_params(sizes, int(self.cfg.weight_sync.bucket_size_mb * 2**20))
+            with torch.no_grad(), sender.session() if sender is not None else nullcontext():
+                pushed = push_buckets(params, buckets, sender, str(weight_version), keep, reuse)
+        if pushed.failed is not None:
+            raise pushed.failed
         if reuse is not None:  # what the kept push no longer holds (see _spare)
             old = self._last_push[1] if keep and self._last_push is not None else []
             self._spare = [payload for _, _, payload in old] if keep else pushed.payloads
@@ -236,12 +251,13 @@ class TrainerRank(FSDPRank):
         tensor and engine that differ)."""
         import torch
 
+        from infra.trainer.lora_merge import merged_params
         from infra.weights.check import WeightCheck
 
         check = WeightCheck(self._links) if self.rank == 0 else None
         failed: Exception | None = None
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
+        with torch.no_grad(), merged_params(self.model) as params:
+            for name, param in params.items():
                 full = _full(param)  # every rank gathers, whatever rank 0 finds
                 if check is not None and failed is None:
                     try:
@@ -261,8 +277,11 @@ class TrainerRank(FSDPRank):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
-    def export_hf(self, uri: str, storage_options: dict) -> None:
+    def export_hf(self, uri: str, storage_options: dict, merged: bool = False) -> None:
         """Write an HF model directory (safetensors, config, tokenizer) to a local or s3:// URI.
+        With `model.lora`, a PEFT adapter directory (adapter_config.json,
+        adapter_model.safetensors, the tokenizer), or with `merged` the base model with the
+        adapter merged in.
 
         Every rank must call it (the weights are gathered); rank 0 writes. Remote targets
         are written to a temporary folder first and uploaded, config.json last, so a reader
@@ -273,14 +292,16 @@ class TrainerRank(FSDPRank):
             return
         import tempfile
 
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(self.model.config)
-        plain.load_state_dict(state, assign=True)
+        from infra.model.lora import merged_state_dict, save_adapter
+
+        lora = self.cfg.model.lora is not None
         with tempfile.TemporaryDirectory() as tmp:
-            plain.save_pretrained(tmp)
+            if lora and not merged:
+                save_adapter(state, self.model, tmp)
+            else:
+                _save_model(merged_state_dict(state, self.model) if lora else state, self.model.config, tmp)
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(tmp)
             upload_dir(tmp, uri, storage_options, self.cfg.storage.retry_timeout_s)
 

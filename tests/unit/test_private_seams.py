@@ -164,3 +164,27 @@ def test_llama_internals_the_lean_decoder_reads(tiny_dir):
         for name in ("attention_bias", "mlp_bias", "hidden_act", "pretraining_tp"):
             assert hasattr(config, name), f"LlamaConfig.{name}"
         assert lean_llama.supports(model)
+
+
+def test_peft_lora_layer_attributes_and_names(tiny_dir):
+    # The merge of a sharded adapter into its weight (infra/trainer/lora_merge.py) reads each
+    # adapted layer's factors and scale: peft's LoraLayer attributes, which its docs do not
+    # list as API (merge_and_unload does the merge only on whole, unsharded weights). The
+    # base model's names come from stripping peft's wrapper names.
+    from transformers import AutoModelForCausalLM
+
+    from infra.config import LoraConfig
+    from infra.model.lora import apply_lora, base_name, lora_layers
+
+    with seam("peft LoraLayer.base_layer/lora_A/lora_B/scaling", "infra/model/lora.py", "peft", "0.21.2"):
+        base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        plain_names = set(base.state_dict())
+        model = apply_lora(base, LoraConfig(r=4, alpha=12, target_modules=["q_proj", "up_proj"]))
+        layers = lora_layers(model)
+        assert len(layers) == 2 * base.config.num_hidden_layers, len(layers)
+        for layer in layers:
+            assert layer.name in plain_names, layer.name
+            assert layer.scale == 3.0 and layer.a.shape[0] == 4 and layer.b.shape[1] == 4
+            assert layer.weight.shape == (layer.b.shape[0], layer.a.shape[1])
+        wrapped = {base_name(n) for n in model.state_dict() if ".lora_" not in n}
+        assert wrapped == plain_names, wrapped ^ plain_names
