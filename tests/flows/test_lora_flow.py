@@ -47,6 +47,7 @@ def _run(tmp_path, name: str, *overrides: str) -> tuple[RunStore, list[dict]]:
 
 def _assert_engine_matches_trainer(rows: list[dict]) -> None:
     assert [r["rollout_id"] for r in rows] == [0, 1, 2]
+    print("engine/trainer max logprob gap:", [r["train_engine_logprob_abs_diff_max"] for r in rows])
     for r in rows:
         assert r["train_engine_logprob_tokens"] > 0 and r["train_engine_logprob_tokens_stale"] == 0
         assert r["train_engine_logprob_abs_diff_max"] < 1e-4, r
