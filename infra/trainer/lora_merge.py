@@ -31,10 +31,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def merged_params(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+def merged_params(model: nn.Module, merge: bool = True) -> Iterator[dict[str, torch.Tensor]]:
     """The parameters to push, by the base model's names; inside, every adapted weight holds
-    its merged value. Without an adapter: the parameters as they are. Every rank enters."""
-    layers = lora_layers(model)
+    its merged value (with `merge=False`, the frozen base's: what an engine that applies
+    the adapter itself holds). Without an adapter: the parameters as they are. Every rank
+    enters."""
+    layers = lora_layers(model) if merge else []
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         with torch.no_grad():

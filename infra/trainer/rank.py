@@ -256,7 +256,9 @@ class TrainerRank(FSDPRank):
 
         check = WeightCheck(self._links) if self.rank == 0 else None
         failed: Exception | None = None
-        with torch.no_grad(), merged_params(self.model) as params:
+        # an engine given only the adapter holds the frozen base, and applies the adapter itself
+        merge = self.cfg.weight_sync.lora == "merged"
+        with torch.no_grad(), merged_params(self.model, merge) as params:
             for name, param in params.items():
                 full = _full(param)  # every rank gathers, whatever rank 0 finds
                 if check is not None and failed is None:

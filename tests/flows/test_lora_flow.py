@@ -72,8 +72,12 @@ def test_merged_adapter_reaches_the_engine(prefect_api, tmp_path, method):
 
 
 def test_adapter_only_reaches_the_engine(prefect_api, tmp_path):
-    store, rows = _run(tmp_path, "lora-adapter", "weight_sync.lora=adapter")
+    store, rows = _run(
+        tmp_path, "lora-adapter", "weight_sync.lora=adapter", "weight_sync.check_weight_update_equal=true"
+    )
     _assert_engine_matches_trainer(rows)
+    for r in rows:  # the engine's own weights stay the frozen base the trainer holds
+        assert r["weights_checked"] > 0 and r["max_abs_diff"] == 0.0
     # one PEFT adapter directory kept: the last version's
     assert [e.rsplit("/", 1)[-1] for e in store.ls("adapters")] == ["v0000003"]
     assert store.exists("adapters/v0000003/adapter_model.safetensors")
