@@ -576,7 +576,10 @@ class CheckpointConfig(_Section):
     )
     keep_last: int | None = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted.")
     hf_export_interval: int | None = Field(
-        None, ge=1, description="Export an HF model directory every N iterations (always at the end)."
+        None,
+        ge=1,
+        description="Export an HF model directory every N iterations (always at the end); with "
+        "`model.lora`, a PEFT adapter directory.",
     )
     resume: str = Field(
         "never",
