@@ -19,7 +19,7 @@ from infra.engines.launch import (
     sglang_interpreter,
     stop_engine,
 )
-from infra.model.loading import localize
+from infra.model.loading import copy_adapter, localize
 
 
 class EngineActor:
@@ -60,6 +60,20 @@ class EngineActor:
             client = EngineClient(self.url, self.cfg.rollout.request_timeout_s)
             with paused(client):
                 client.update_weights_from_disk(local, weight_version)
+
+    def load_lora_from_disk(self, uri: str, storage_options: dict, lora_name: str) -> None:
+        """Adapter sync: the PEFT adapter directory at `uri` (local or s3://) is copied to this
+        node and loaded under `lora_name`, which requests then give as `lora_path`. The copy
+        is removed once loaded (the engine holds the adapter in memory), so after
+        `unload_lora` the name is refused: SGLang would load it again from a directory still
+        there. Generation goes on meanwhile: an adapter load leaves the base weights as they are."""
+        with tempfile.TemporaryDirectory(prefix="prl-lora-") as tmp:
+            local = copy_adapter(uri, storage_options, os.path.join(tmp, "adapter"))
+            EngineClient(self.url, self.cfg.rollout.request_timeout_s).load_lora_adapter(lora_name, local)
+
+    def unload_lora(self, lora_name: str) -> None:
+        """Unload an adapter; returns once the requests using it have finished."""
+        EngineClient(self.url, self.cfg.rollout.request_timeout_s).unload_lora_adapter(lora_name)
 
     def restart(self, model_uri: str, storage_options: dict) -> str:
         """Replace a dead or hung server with a fresh one (a new port); returns its URL.
