@@ -94,11 +94,16 @@ class EngineActor:
 
 
 def sglang_launch(cfg: RunConfig) -> SGLangLaunch:
-    """The SGLang launch a run's config asks for (ignored by the built-in engine)."""
+    """The SGLang launch a run's config asks for (ignored by the built-in engine). With
+    adapter sync the engines serve LoRA adapters of the run's rank on its target modules;
+    with merged sync they get full weights and are launched as without LoRA."""
+    lora = cfg.model.lora if cfg.weight_sync.lora == "adapter" else None
     return SGLangLaunch(
         python=sglang_interpreter(cfg.rollout.sglang_python),
         tp_size=cfg.rollout.tp_size,
         cpu=cfg.cluster.engines.gpus_per_worker == 0,
         colocate=cfg.cluster.colocate,
         sleep_on_idle=cfg.rollout.sglang_sleep_on_idle,
+        lora_rank=lora.r if lora else 0,
+        lora_targets=tuple(lora.target_modules) if lora else (),
     )
