@@ -41,21 +41,28 @@ lock:
 # (`pytest -m sglang`): CPU torch, then SGLang and its light dependencies from an exact
 # list, without resolving (SGLang's metadata asks for CUDA builds). The stand-ins for
 # triton, torchvision and sgl_kernel go on its path through a .pth file, which also loads
-# the hook that hides the triton stand-in from torch. Built once; rebuilt when the list changes.
+# the start-up hooks: one hides the triton stand-in from torch, one makes pinned memory plain
+# memory on CPU torch (SGLang's LoRA code asks for it). Built once; rebuilt when the list
+# changes; the .pth is rewritten (no rebuild) when this Makefile changes.
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_HOOKS := $(SGLANG_VENV)/.standins
 SGLANG_REQS := tests/sglang/requirements.txt
 $(SGLANG_STAMP): $(SGLANG_REQS)
 	rm -rf $(SGLANG_VENV)
 	$(PY) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/pip install -q $(TORCH)
 	$(SGLANG_VENV)/bin/pip install -q --no-deps -r $(SGLANG_REQS)
-	$(SGLANG_VENV)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") \
-		+ "/conformance-standins.pth", "w").write(sys.argv[1] + "\nimport torch_sees_no_triton\n")' \
-		"$(CURDIR)/tests/sglang/standins"
 	touch $(SGLANG_STAMP)
 
-sglang-venv: $(SGLANG_STAMP)
+$(SGLANG_HOOKS): $(SGLANG_STAMP) Makefile
+	$(SGLANG_VENV)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") \
+		+ "/conformance-standins.pth", "w").write(sys.argv[1] \
+		+ "\nimport torch_sees_no_triton\nimport cpu_pinned_memory\n")' \
+		"$(CURDIR)/tests/sglang/standins"
+	touch $(SGLANG_HOOKS)
+
+sglang-venv: $(SGLANG_STAMP) $(SGLANG_HOOKS)
 
 # resume=fresh: a second `make demo` replaces the first one's outputs instead of refusing
 # (ARGS come later and win, e.g. ARGS="checkpoint.resume=auto")
@@ -69,7 +76,7 @@ $(CHROMIUM):
 	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null
 
-test: $(STAMP) $(SGLANG_STAMP) $(CHROMIUM)
+test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_HOOKS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

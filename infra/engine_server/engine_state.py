@@ -1,5 +1,5 @@
 """What the built-in engine server holds: the model, its weight version, the weight-update
-groups, and the abort flags of in-flight requests.
+groups, its LoRA adapters, and the abort flags of in-flight requests.
 
 Every method that touches the weights runs in a worker thread and takes `lock`: one
 generation batch or one weight update at a time, so weights never change mid-generation
@@ -16,6 +16,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from infra.engine_server.lora_adapters import LoraAdapter, read_adapter
+from infra.engine_server.lora_registry import LoraRegistry
 from infra.engine_server.memory import WeightOffload
 from infra.engine_server.protocol import BadRequest
 from infra.engine_server.sampling import SampleOut, sample_batch
@@ -80,6 +82,14 @@ def _receive_flat(
     }
 
 
+def _rows_by_adapter(adapters: list[LoraAdapter | None]) -> list[tuple[LoraAdapter | None, list[int]]]:
+    """The rows of each adapter, in order of first appearance."""
+    groups: dict[LoraAdapter | None, list[int]] = {}
+    for row, adapter in enumerate(adapters):
+        groups.setdefault(adapter, []).append(row)
+    return list(groups.items())
+
+
 class EngineState:
     def __init__(
         self,
@@ -108,6 +118,7 @@ class EngineState:
         self.session = session  # speak the update-session protocol (SGLang >= 0.5.23)
         self._session_open = False
         self.offload = WeightOffload(self.model)
+        self.loras = LoraRegistry(lambda name, path: read_adapter(name, path, self.model))
 
     # ---- generation -------------------------------------------------------------------
 
@@ -148,11 +159,13 @@ class EngineState:
         params: dict,
         seed: int | list[int] | None,
         aborts: list[threading.Event],
+        adapters: list[LoraAdapter | None] | None = None,
     ) -> tuple[list[SampleOut], str]:
-        """Sample all prompts in one batch; returns the outputs and the weight version used.
+        """Sample all prompts; returns the outputs and the weight version used.
 
         `seed`: None draws from the server's stream; an int seeds one generator for the
-        batch; a list seeds one generator per row."""
+        batch; a list seeds one generator per row. `adapters`: each row's LoRA adapter
+        (None: the base weights); the rows of each adapter run as one batch, in turn."""
         with self.lock:
             self.require_resident()
             if seed is None:
@@ -161,14 +174,20 @@ class EngineState:
                 generator = [torch.Generator().manual_seed(s) for s in seed]
             else:
                 generator = torch.Generator().manual_seed(seed)
-            outs = sample_batch(
-                self.model,
-                prompts,
-                eos_token_id=self.tokenizer.eos_token_id,
-                generator=generator,
-                should_abort=lambda: [flag.is_set() for flag in aborts],
-                **params,
-            )
+            outs: list[SampleOut] = [SampleOut()] * len(prompts)
+            for adapter, rows in _rows_by_adapter(adapters or [None] * len(prompts)):
+                flags = [aborts[i] for i in rows]
+                done = sample_batch(
+                    self.model,
+                    [prompts[i] for i in rows],
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    generator=[generator[i] for i in rows] if isinstance(generator, list) else generator,
+                    should_abort=lambda flags=flags: [flag.is_set() for flag in flags],
+                    lora=adapter,
+                    **params,
+                )
+                for i, out in zip(rows, done, strict=True):
+                    outs[i] = out
             return outs, self.weight_version
 
     # ---- weights ----------------------------------------------------------------------

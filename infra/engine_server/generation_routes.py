@@ -32,8 +32,11 @@ class Generation:
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
         self.progress = Progress()
 
-    async def run(self, batch, params, seed, flags: list[threading.Event], request: Request | None):
-        """`state.generate` in the generation threads; a client that hangs up aborts it."""
+    async def run(
+        self, batch, params, seed, flags: list[threading.Event], request: Request | None, adapters=None
+    ):
+        """`state.generate` in the generation threads; a client that hangs up aborts it.
+        `adapters`: each row's LoRA adapter (None: the base weights)."""
         progress = self.progress
         with progress.lock:
             if not progress.active:
@@ -41,7 +44,7 @@ class Generation:
             progress.active += 1
         try:
             beating = [BeatingFlag(flag, progress) for flag in flags]
-            call = functools.partial(self.state.generate, batch, params, seed, beating)
+            call = functools.partial(self.state.generate, batch, params, seed, beating, adapters)
             task = asyncio.get_running_loop().run_in_executor(self.pool, call)
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.25)
@@ -75,16 +78,20 @@ class Generation:
         p.check_limits(sp, n, prompts, self.max_positions)
         rids = p.rids_of(req.rid, len(prompts), n, single)
         params = _decode_params(sp, state)
-        # n samples of each input, input-major as SGLang orders them; all in one batch
+        # n samples of each input, input-major as SGLang orders them
         rows = [(prompt, isp) for prompt, isp in zip(prompts, sps, strict=True) for _ in range(n)]
         seeds = p.seeds_of(req, sps, n)
+        names = [name for name in p.lora_names_of(req, len(prompts)) for _ in range(n)]
+        # held from here to the reply, so an unload waits for this request (and may read disk)
+        adapters = await asyncio.get_running_loop().run_in_executor(self.pool, state.loras.acquire, names)
         flags = state.register(rids)
         try:
             await self.running.wait()
             batch = [prompt for prompt, _ in rows]
-            outs, version = await self.run(batch, params, seeds, flags, request)
+            outs, version = await self.run(batch, params, seeds, flags, request, adapters)
         finally:
             state.unregister(rids, flags)
+            state.loras.release(adapters)
         replies = [
             p.reply(o, len(pr), rid, version, req, isp, state.tokenizer)
             for o, (pr, isp), rid in zip(outs, rows, rids, strict=True)

@@ -13,13 +13,22 @@ query heads by their key/value head (no repeat for GQA). Small float32 models al
 each layer's q/k/v projections and its gate/up projections fused into one matmul each
 (`FUSE_MAX_BYTES`), their norms' weights folded into those matmuls. It gives the same logits as the HF forward (a unit test compares them); models it does not
 cover exactly (biases, rope scaling, sliding windows, other architectures) use the HF path.
+A LoRA adapter, when given, adds its low-rank term to the projections it targets
+(`lora_apply`), fused alongside them.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from infra.engine_server.lora_apply import Pair, add_single, stacked
+
+if TYPE_CHECKING:
+    from infra.engine_server.lora_adapters import LoraAdapter
 
 
 def supports(model: nn.Module) -> bool:
@@ -89,13 +98,22 @@ class _Layer:
     """One decoder layer as the step reads it: attribute lookups on the HF modules cost more
     than the math on small models, so they happen once per batch."""
 
-    def __init__(self, layer: nn.Module, heads: int, kv_heads: int, head_dim: int, fuse: bool) -> None:
+    def __init__(
+        self,
+        layer: nn.Module,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        fuse: bool,
+        lora: dict[str, Pair] | None = None,
+    ) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.in_eps = layer.input_layernorm.variance_epsilon
         self.post_eps = layer.post_attention_layernorm.variance_epsilon
         self.wo_t, self.wd_t = attn.o_proj.weight.t(), mlp.down_proj.weight.t()
         self.fuse = fuse
+        self.lora = lora = lora or {}
         if fuse:
             # one matmul gives q and k, their rotated halves and v; one gives gate and up.
             # The norms' weights scale the matmul's input columns.
@@ -107,42 +125,85 @@ class _Layer:
             self.w_gu = w_gu * layer.post_attention_layernorm.weight
             self.qk_width, self.inter = (heads + kv_heads) * head_dim, mlp.gate_proj.weight.shape[0]
             self.in_eps_t, self.post_eps_t = wq.new_full((1,), self.in_eps), wq.new_full((1,), self.post_eps)
+            self._fuse_lora(layer, lora)
         else:
             self.in_w, self.post_w = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
             self.wq, self.wk, self.wv = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
             self.wg, self.wu = mlp.gate_proj.weight, mlp.up_proj.weight
 
+    def _fuse_lora(self, layer: nn.Module, lora: dict[str, Pair]) -> None:
+        """The adapter's A's and B's laid out as the fused matmuls' weights are."""
+        q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
+
+        def rotated(b: torch.Tensor) -> torch.Tensor:
+            return _rotated_rows(b, self.head_dim)
+
+        self.lora_in = stacked(
+            lora,
+            [
+                ("q_proj", q_rows, None),
+                ("k_proj", kv_rows, None),
+                ("q_proj", q_rows, rotated),
+                ("k_proj", kv_rows, rotated),
+                ("v_proj", kv_rows, None),
+            ],
+            layer.input_layernorm.weight,
+        )
+        outputs = [("gate_proj", self.inter, None), ("up_proj", self.inter, None)]
+        self.lora_gu = stacked(lora, outputs, layer.post_attention_layernorm.weight)
+
+    def attn_out(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """h plus the attention output's projection."""
+        return add_single(torch.addmm(h, o, self.wo_t), o, self.lora.get("o_proj"))
+
     def qkv(self, h: torch.Tensor, rows: int, length: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         """q [B, L, H, D] and k [B, L, KV, D] with RoPE applied, v [B, L, KV, D]."""
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
         if self.fuse:
-            y = F.linear(_unit_rms(h, self.in_eps_t), self.w_in)
+            x = _unit_rms(h, self.in_eps_t)
+            y = F.linear(x, self.w_in)
+            if self.lora_in is not None:
+                y = self.lora_in.add(y, x)
             width = self.qk_width
             qk = y[:, :width].view(rows, length, heads + kv, dim)
             qk = torch.addcmul(qk * cos, y[:, width : 2 * width].view(rows, length, heads + kv, dim), sin)
             return qk[:, :, :heads], qk[:, :, heads:], y[:, 2 * width :].view(rows, length, kv, dim)
         x = _rms(h, self.in_w, self.in_eps)
-        q = F.linear(x, self.wq).view(rows, length, heads, dim)
-        k = F.linear(x, self.wk).view(rows, length, kv, dim)
+        lora = self.lora
+        q = add_single(F.linear(x, self.wq), x, lora.get("q_proj")).view(rows, length, heads, dim)
+        k = add_single(F.linear(x, self.wk), x, lora.get("k_proj")).view(rows, length, kv, dim)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        return q, k, F.linear(x, self.wv).view(rows, length, kv, dim)
+        return q, k, add_single(F.linear(x, self.wv), x, lora.get("v_proj")).view(rows, length, kv, dim)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         """h plus the MLP of h."""
+        lora = self.lora
         if self.fuse:
-            y = F.linear(_unit_rms(h, self.post_eps_t), self.w_gu)
-            return torch.addmm(h, F.silu(y[:, : self.inter]) * y[:, self.inter :], self.wd_t)
-        x = _rms(h, self.post_w, self.post_eps)
-        return torch.addmm(h, F.silu(F.linear(x, self.wg)) * F.linear(x, self.wu), self.wd_t)
+            x = _unit_rms(h, self.post_eps_t)
+            y = F.linear(x, self.w_gu)
+            if self.lora_gu is not None:
+                y = self.lora_gu.add(y, x)
+            act = F.silu(y[:, : self.inter]) * y[:, self.inter :]
+        else:
+            x = _rms(h, self.post_w, self.post_eps)
+            gate = add_single(F.linear(x, self.wg), x, lora.get("gate_proj"))
+            act = F.silu(gate) * add_single(F.linear(x, self.wu), x, lora.get("up_proj"))
+        return add_single(torch.addmm(h, act, self.wd_t), act, lora.get("down_proj"))
 
 
 class LeanLlamaDecoder:
     """Prefill, then one token per call; `__call__` returns the last position's logits [B, V]."""
 
     def __init__(
-        self, model: nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int, fuse: bool | None = None
+        self,
+        model: nn.Module,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        fuse: bool | None = None,
+        lora: LoraAdapter | None = None,
     ) -> None:
-        """`fuse`: fuse the layers' matmuls (None: when `should_fuse` says so)."""
+        """`fuse`: fuse the layers' matmuls (None: when `should_fuse` says so). `lora`: the
+        adapter every row of the batch runs with (None: the base weights)."""
         cfg, core = model.config, model.model
         attn = core.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = (
@@ -154,7 +215,10 @@ class LeanLlamaDecoder:
         self.scaling = attn.scaling
         self.embed = core.embed_tokens.weight
         fuse = should_fuse(model) if fuse is None else fuse
-        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim, fuse) for layer in core.layers]
+        self.layers = [
+            _Layer(layer, self.heads, self.kv_heads, self.head_dim, fuse, lora.layer(i) if lora else None)
+            for i, layer in enumerate(core.layers)
+        ]
         # the final norm's weight folded into the head when fused, as in the layers
         self.fuse, self.norm_eps, self.norm_w = fuse, core.norm.variance_epsilon, core.norm.weight
         self.norm_eps_t = self.embed.new_full((1,), self.norm_eps)
@@ -219,7 +283,7 @@ class LeanLlamaDecoder:
                 .permute(0, 3, 1, 2, 4)
                 .reshape(rows * length, heads * dim)
             )
-            h = layer.mlp(torch.addmm(h, o, layer.wo_t))
+            h = layer.mlp(layer.attn_out(h, o))
         self.filled = end
         last = h.view(rows, length, -1)[:, -1]
         normed = _unit_rms(last, self.norm_eps_t) if self.fuse else _rms(last, self.norm_w, self.norm_eps)

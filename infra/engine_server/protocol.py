@@ -91,6 +91,8 @@ class GenerateReq(_Body):
     logprob_start_len: int = -1
     rid: str | Annotated[list[str], Field(fail_fast=True)] | None = None
     stream: bool = False
+    # the name of a loaded LoRA adapter for every input, or one per input (None: base weights)
+    lora_path: str | Annotated[list[str | None], Field(fail_fast=True)] | None = None
 
 
 class InitGroupReq(_Body):
@@ -118,6 +120,17 @@ class UpdateFromDiskReq(_Body):
     model_path: str
     load_format: str | None = None
     weight_version: str | None = None
+
+
+class LoadLoraReq(_Body):
+    lora_name: str
+    lora_path: str
+    # SGLang keeps a pinned adapter from eviction; this engine never evicts one
+    pinned: bool = False
+
+
+class UnloadLoraReq(_Body):
+    lora_name: str
 
 
 class GroupNameReq(_Body):
@@ -270,6 +283,19 @@ def rids_of(rid: str | list[str] | None, num_inputs: int, n: int, single: bool) 
     if isinstance(rid, str):
         return [f"{rid}_{i}" for i in range(num_inputs)]
     return rid or [uuid.uuid4().hex for _ in range(num_inputs)]
+
+
+def lora_names_of(req: GenerateReq, num_inputs: int) -> list[str | None]:
+    """The LoRA adapter name of every input (None: the base weights); as SGLang, an empty
+    string means no adapter."""
+    names = req.lora_path
+    if not names:
+        return [None] * num_inputs
+    if isinstance(names, str):
+        return [names] * num_inputs
+    if len(names) != num_inputs:
+        raise BadRequest(f"lora_path: {len(names)} adapter names for {num_inputs} inputs")
+    return names
 
 
 def shared_params(sps: list[SamplingParams]) -> SamplingParams:

@@ -12,12 +12,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from infra.engine_server import lean_llama
 from infra.engine_server.lean_llama import LeanLlamaDecoder
+from infra.engine_server.lora_apply import hooked
+
+if TYPE_CHECKING:
+    from infra.engine_server.lora_adapters import LoraAdapter
 
 # Below this temperature sampling is greedy (as in SGLang) and logprobs are taken at T=1,
 # since dividing by ~0 would turn them into 0/-inf.
@@ -214,6 +219,7 @@ def sample_batch(
     ignore_eos: bool = False,
     generator: torch.Generator | list[torch.Generator] | None = None,
     should_abort: Callable[[], list[bool]] | None = None,
+    lora: LoraAdapter | None = None,
 ) -> list[SampleOut]:
     """Sample a continuation of every prompt in one batch; deterministic given `generator`.
 
@@ -222,6 +228,7 @@ def sample_batch(
     is a CPU generator (the draw happens on CPU so a seed means the same on any device), or
     one per row: then a row's tokens depend on its own seed only, not on its batch.
     `should_abort` answers one flag per row; a flagged row ends with finish_reason abort.
+    `lora`: the LoRA adapter every row runs with (None: the base weights).
     """
     if isinstance(generator, list) and len(generator) != len(prompts):
         raise ValueError(f"generator: {len(generator)} generators for {len(prompts)} prompts")
@@ -233,13 +240,28 @@ def sample_batch(
         stops.add(eos_token_id)
     stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
     ids, mask, positions = _left_pad(prompts, eos_token_id if eos_token_id is not None else 0, device)
-    decode = (
-        LeanLlamaDecoder(model, mask, max_new_tokens)
-        if lean_llama.supports(model)
-        else _HFDecoder(model, mask)
-    )
+    lean = lean_llama.supports(model)
+    decode = LeanLlamaDecoder(model, mask, max_new_tokens, lora=lora) if lean else _HFDecoder(model, mask)
     sample = _Sampler(temperature, top_k, top_p, generator, max_new_tokens, device)
     out = _Outputs(len(prompts), max_new_tokens, device)
+    # transformers' forward gets the adapter through hooks on its layers, for this batch only
+    with hooked(model, None if lean or lora is None else lora.modules):
+        _decode_loop(decode, sample, out, ids, positions, stop_ids, should_abort, max_new_tokens)
+    return out.samples()
+
+
+def _decode_loop(
+    decode: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    sample: _Sampler,
+    out: _Outputs,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    stop_ids: torch.Tensor | None,
+    should_abort: Callable[[], list[bool]] | None,
+    max_new_tokens: int,
+) -> None:
+    """Prefill, then one token per step into `out`, until every row ended or the last step."""
+    device = ids.device
     # the position of every step's token, per row (one column per step)
     next_positions = positions[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)
     step_ids, step_positions = ids, positions
@@ -254,4 +276,3 @@ def sample_batch(
         # never attend to each other, so this cannot change the live rows
         step_ids = tokens[:, None]
         step_positions = next_positions[:, step : step + 1]
-    return out.samples()

@@ -18,6 +18,10 @@ client that hangs up cancels its generation; /health turns 503 when generation s
 making progress. A weight-group join whose master does not answer within the group
 timeout fails with a 504 naming the master's address.
 
+LoRA adapters (PEFT directories on the server's machine) load and unload by name
+(`/load_lora_adapter`, `/unload_lora_adapter`), and /generate's `lora_path` names the
+adapter each input runs with (`lora_registry` has SGLang's semantics).
+
 SGLang's `update_weights_from_tensor` is deliberately absent: its payload is pickled, and
 this server never unpickles anything that arrives over the network. Weights come by
 broadcast over a weight-update group or from an HF directory on disk.
@@ -37,6 +41,7 @@ from infra.engine_server import protocol as p
 from infra.engine_server.engine_state import EngineState, GroupJoinTimeout
 from infra.engine_server.generation_routes import Generation, add_generation_routes
 from infra.engine_server.guards import BodyLimit, RequireKey
+from infra.engine_server.lora_routes import add_lora_routes
 from infra.engine_server.protocol import BadRequest
 from infra.engine_server.status_routes import add_health_routes, add_info_routes
 from infra.engine_server.weight_routes import (
@@ -67,6 +72,7 @@ def create_app(
     add_weight_update_routes(app, state)
     add_weight_memory_routes(app, state)
     add_weight_read_route(app, state)
+    add_lora_routes(app, state)
     add_info_routes(app, state)
     return app
 

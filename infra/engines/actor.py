@@ -19,7 +19,7 @@ from infra.engines.launch import (
     sglang_interpreter,
     stop_engine,
 )
-from infra.model.loading import localize
+from infra.model.loading import copy_adapter, localize
 
 
 class EngineActor:
@@ -61,6 +61,20 @@ class EngineActor:
             with paused(client):
                 client.update_weights_from_disk(local, weight_version)
 
+    def load_lora_from_disk(self, uri: str, storage_options: dict, lora_name: str) -> None:
+        """Adapter sync: the PEFT adapter directory at `uri` (local or s3://) is copied to this
+        node and loaded under `lora_name`, which requests then give as `lora_path`. The copy
+        is removed once loaded (the engine holds the adapter in memory), so after
+        `unload_lora` the name is refused: SGLang would load it again from a directory still
+        there. Generation goes on meanwhile: an adapter load leaves the base weights as they are."""
+        with tempfile.TemporaryDirectory(prefix="prl-lora-") as tmp:
+            local = copy_adapter(uri, storage_options, os.path.join(tmp, "adapter"))
+            EngineClient(self.url, self.cfg.rollout.request_timeout_s).load_lora_adapter(lora_name, local)
+
+    def unload_lora(self, lora_name: str) -> None:
+        """Unload an adapter; returns once the requests using it have finished."""
+        EngineClient(self.url, self.cfg.rollout.request_timeout_s).unload_lora_adapter(lora_name)
+
     def restart(self, model_uri: str, storage_options: dict) -> str:
         """Replace a dead or hung server with a fresh one (a new port); returns its URL.
         It serves the model's initial weights until the weight transport restores them."""
@@ -80,11 +94,16 @@ class EngineActor:
 
 
 def sglang_launch(cfg: RunConfig) -> SGLangLaunch:
-    """The SGLang launch a run's config asks for (ignored by the built-in engine)."""
+    """The SGLang launch a run's config asks for (ignored by the built-in engine). With
+    adapter sync the engines serve LoRA adapters of the run's rank on its target modules;
+    with merged sync they get full weights and are launched as without LoRA."""
+    lora = cfg.model.lora if cfg.weight_sync.lora == "adapter" else None
     return SGLangLaunch(
         python=sglang_interpreter(cfg.rollout.sglang_python),
         tp_size=cfg.rollout.tp_size,
         cpu=cfg.cluster.engines.gpus_per_worker == 0,
         colocate=cfg.cluster.colocate,
         sleep_on_idle=cfg.rollout.sglang_sleep_on_idle,
+        lora_rank=lora.r if lora else 0,
+        lora_targets=tuple(lora.target_modules) if lora else (),
     )

@@ -93,12 +93,15 @@ class EngineClient:
         input_ids: list[list[int]],
         sampling_params: dict | list[dict],
         rid: str | list[str] | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> list[dict]:
         """One batch request; n>1 answers len(input_ids)*n dicts, input-major. Logprobs always on.
 
         `sampling_params` and `rid` may be one per input. A rid per input is the only way to
         abort one sample later: a single string is expanded by the server (`rid_0`, ...), and
-        with n>1 SGLang gives every copy a fresh random rid.
+        with n>1 SGLang gives every copy a fresh random rid. `lora_path`: the name of a loaded
+        LoRA adapter (`load_lora_adapter`) for every input, or one name (None: the base
+        weights) per input; absent from the body unless given.
         """
         body: dict[str, Any] = {
             "input_ids": input_ids,
@@ -107,6 +110,8 @@ class EngineClient:
         }
         if rid is not None:
             body["rid"] = rid
+        if lora_path is not None:
+            body["lora_path"] = lora_path
         out = self._call("POST", "/generate", body)
         return out if isinstance(out, list) else [out]
 
@@ -159,6 +164,19 @@ class EngineClient:
         self._call(
             "POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": weight_version}
         )
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict:
+        """Load the PEFT adapter directory `lora_path` (on the engine's machine) as `lora_name`;
+        requests then name it in `lora_path`. Returns the loaded adapters, name -> path. A name
+        already loaded is refused (400)."""
+        body = {"lora_name": lora_name, "lora_path": lora_path}
+        return self._call("POST", "/load_lora_adapter", body).get("loaded_adapters") or {}
+
+    def unload_lora_adapter(self, lora_name: str) -> dict:
+        """Unload an adapter once the requests using it have finished (the engine answers
+        then); returns the adapters still loaded, name -> path."""
+        body = {"lora_name": lora_name}
+        return self._call("POST", "/unload_lora_adapter", body).get("loaded_adapters") or {}
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
@@ -237,7 +255,7 @@ def _timings(header: str | None) -> dict[str, float]:
 
 def _message(data: Any) -> str:
     if isinstance(data, dict):
-        for key in ("message", "error", "detail"):
+        for key in ("message", "error_message", "error", "detail"):
             if key in data:
                 value = data[key]
                 return str(value.get("message", value) if isinstance(value, dict) else value)

@@ -51,6 +51,8 @@ class SGLangLaunch:
     (`--enable-memory-saver`, CUDA only) and get its weights back afterwards
     (`--enable-weights-cpu-backup`). `sleep_on_idle`: the idle scheduler sleeps instead of
     polling (on CPU it would hold ~0.6 of a core; None: on for CPU, off on GPUs).
+    `lora_rank` and `lora_targets`: serve LoRA adapters loaded at run time, of at most that
+    rank on those modules (0: no LoRA).
     """
 
     python: str = ""
@@ -58,6 +60,8 @@ class SGLangLaunch:
     cpu: bool = False
     colocate: bool = False
     sleep_on_idle: bool | None = None
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
 
 
 def sglang_interpreter(configured: str) -> str:
@@ -124,10 +128,28 @@ def engine_command(
             flags += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
         if launch.cpu if launch.sleep_on_idle is None else launch.sleep_on_idle:
             flags.append("--sleep-on-idle")
+        flags += _lora_flags(launch)
         if config_file:
             flags += ["--config", config_file]
         return [interpreter, "-m", "sglang.launch_server", *common, *flags, *_cli_flags(extra_args)]
     raise ValueError(f"rollout.engine: unknown engine kind {kind!r} (torch or sglang)")
+
+
+# Adapters one batch may use, the base model counting as one: a weight-version switch has
+# the outgoing and the incoming version's requests in flight together.
+MAX_LORAS_PER_BATCH = 2
+
+
+def _lora_flags(launch: SGLangLaunch) -> list[str]:
+    if not launch.lora_rank:
+        return []
+    flags = ["--enable-lora", "--max-lora-rank", str(launch.lora_rank)]
+    flags += ["--lora-target-modules", *launch.lora_targets]
+    flags += ["--max-loras-per-batch", str(MAX_LORAS_PER_BATCH)]
+    if launch.cpu:
+        # SGLang's default backend (csgmv) and triton run triton kernels: CUDA only
+        flags += ["--lora-backend", "torch_native"]
+    return flags
 
 
 def _cli_flags(extra_args: dict) -> list[str]:

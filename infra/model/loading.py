@@ -1,5 +1,6 @@
-"""Model directories: the built-in tiny model stored with the run, and localizing any HF
-model directory (local or s3://) so `from_pretrained` can read it."""
+"""Model directories: the built-in tiny model stored with the run, localizing any HF model
+directory (local or s3://) so `from_pretrained` can read it, and copying a PEFT adapter
+directory to the machine that loads it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from infra.storage.fs import download_dir, filesystem, is_local, upload_dir, uri
 
 BUILTIN_TINY = "builtin:tiny-llama"
 _COMPLETE = ".complete"
+ADAPTER_CONFIG = "adapter_config.json"  # marks a PEFT adapter directory
 
 
 def _cache_root(given: str | None) -> Path:
@@ -81,3 +83,12 @@ def localize(uri: str, storage_options: dict, cache_root: str | None = None) -> 
         download_dir(uri.rstrip("/"), str(local), storage_options)
         (local / _COMPLETE).touch()
     return str(local)
+
+
+def copy_adapter(uri: str, storage_options: dict, local_dir: str) -> str:
+    """A copy of the PEFT adapter directory at `uri` (local or s3://) in `local_dir`; its path."""
+    if not uri_exists(f"{uri.rstrip('/')}/{ADAPTER_CONFIG}", storage_options):
+        raise FileNotFoundError(f"no PEFT adapter directory ({ADAPTER_CONFIG}) at {uri}")
+    os.makedirs(local_dir, exist_ok=True)
+    download_dir(uri.rstrip("/"), local_dir, storage_options)
+    return local_dir

@@ -51,9 +51,16 @@ class RealServer:
 
 @contextmanager
 def real_sglang_server(
-    python: str, model_dir: Path, log_dir: Path, api_key: str, tp_size: int = 1
+    python: str,
+    model_dir: Path,
+    log_dir: Path,
+    api_key: str,
+    tp_size: int = 1,
+    lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = (),
 ) -> Iterator[RealServer]:
-    """One SGLang server on loopback, launched as an engine actor launches it (API key set)."""
+    """One SGLang server on loopback, launched as an engine actor launches it (API key set);
+    with `lora_rank`, serving LoRA adapters as adapter sync launches it."""
     previous = os.environ.get(API_KEY_ENV)
     os.environ[API_KEY_ENV] = api_key  # what a run sets for every process
     log_path = str(log_dir / f"sglang-{len(list(log_dir.iterdir()))}.log")
@@ -66,7 +73,9 @@ def real_sglang_server(
         threads=1,
         extra_args=SERVER_ARGS,
         log_path=log_path,
-        sglang=SGLangLaunch(python=python, tp_size=tp_size, cpu=True),
+        sglang=SGLangLaunch(
+            python=python, tp_size=tp_size, cpu=True, lora_rank=lora_rank, lora_targets=lora_targets
+        ),
     )
     try:
         url = serving_url(proc, STARTUP_TIMEOUT_S)

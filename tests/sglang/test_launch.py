@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.config import LoraConfig
 from infra.config_files import load_config
 from infra.engines.actor import sglang_launch
 from infra.engines.launch import SGLangLaunch, engine_command
@@ -57,3 +58,38 @@ def test_cpu_colocated_and_keyed_launch_commands_parse_to_what_we_meant(sglang_p
     colocated = engine_command("sglang", "/m", "h", 1, 0, 1, {}, sglang=SGLangLaunch(colocate=True))
     parsed = run_json(sglang_python, "parse_launch.py", colocated)
     assert parsed["enable_memory_saver"] and parsed["enable_weights_cpu_backup"]
+
+
+def _lora_cfg(base: str, sync: str, gpus: int):
+    cfg = load_config(REPO / "configs" / base)
+    return cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(
+                update={"lora": LoraConfig(r=16, target_modules=["q_proj", "v_proj", "down_proj"])}
+            ),
+            "weight_sync": cfg.weight_sync.model_copy(update={"lora": sync}),
+            "cluster": cfg.cluster.model_copy(
+                update={"engines": cfg.cluster.engines.model_copy(update={"gpus_per_worker": gpus})}
+            ),
+        }
+    )
+
+
+@pytest.mark.parametrize("gpus,backend", [(0, "torch_native"), (1, "csgmv")], ids=["cpu", "gpu"])
+def test_adapter_sync_launches_with_lora_enabled(sglang_python: str, gpus: int, backend: str):
+    """Two adapters per batch (the outgoing and incoming versions during a switch); on CPU the
+    torch-native LoRA backend, on GPUs SGLang's default."""
+    cfg = _lora_cfg("sglang-cpu.yaml", "adapter", gpus)
+    cmd = engine_command("sglang", "/m", "h", 1, 0, 1, cfg.rollout.sglang_args, sglang=sglang_launch(cfg))
+    parsed = run_json(sglang_python, "parse_launch.py", cmd)
+    assert parsed["enable_lora"] and parsed["max_lora_rank"] == 16 and parsed["max_loras_per_batch"] == 2
+    assert sorted(parsed["lora_target_modules"]) == ["down_proj", "q_proj", "v_proj"]
+    assert parsed["lora_backend"] == backend
+
+
+def test_merged_sync_launches_without_lora(sglang_python: str):
+    cfg = _lora_cfg("sglang-cpu.yaml", "merged", 0)
+    cmd = engine_command("sglang", "/m", "h", 1, 0, 1, cfg.rollout.sglang_args, sglang=sglang_launch(cfg))
+    assert not [flag for flag in cmd if flag.startswith("--") and "lora" in flag]
+    parsed = run_json(sglang_python, "parse_launch.py", cmd)
+    assert not parsed["enable_lora"] and parsed["max_lora_rank"] is None

@@ -88,6 +88,10 @@ def recorded() -> Iterator[list[dict]]:
         client.release_memory_occupation()
         client.resume_memory_occupation()
         client.model_info()
+        client.load_lora_adapter("v3", "/runs/r/lora/v3")
+        client.generate([[1, 5], [1, 6]], {"max_new_tokens": 4}, rid=["l-0", "l-1"], lora_path="v3")
+        client.generate([[1, 5], [1, 6]], {"max_new_tokens": 4}, rid=["m-0", "m-1"], lora_path=["v3", None])
+        client.unload_lora_adapter("v2")
         yield list(_Recorder.recorded)
     finally:
         server.shutdown()
@@ -175,3 +179,16 @@ def test_memory_occupation_and_model_info(replayed):
     _one(replayed, "/resume_memory_occupation")
     info = [r for r in replayed if r["path"] == "/model_info"]
     assert len(info) == 1 and info[0]["status"] == 200 and info[0]["body"]["weight_version"] == "7"
+
+
+def test_lora_adapter_load_unload_and_generate_naming_them(replayed):
+    _, load = _one(replayed, "/load_lora_adapter")
+    assert (load["lora_name"], load["lora_path"], load["pinned"]) == ("v3", "/runs/r/lora/v3", False)
+    _, unload = _one(replayed, "/unload_lora_adapter")
+    assert unload["lora_name"] == "v2"
+    _, base = _one(replayed, "/generate", 0)
+    assert base["lora_path"] is None  # no field sent: the base weights
+    _, every = _one(replayed, "/generate", 2)
+    assert every["lora_path"] == ["v3", "v3"] and every["rid"] == ["l-0", "l-1"]
+    _, mixed = _one(replayed, "/generate", 3)
+    assert mixed["lora_path"] == ["v3", None]

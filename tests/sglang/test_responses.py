@@ -17,6 +17,7 @@ from infra.config import TinyModelConfig
 from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
 from infra.weights.group import broadcast, close_update_group, open_update_group
+from tests.lora import make_adapter
 from tests.ports import free_port
 from tests.sglang.conftest import run_json
 
@@ -47,7 +48,7 @@ def _post(url: str, path: str, body: dict) -> dict | list:
     return resp.json()
 
 
-def test_replies_parse_with_sglang_types(sglang_python: str, server):
+def test_replies_parse_with_sglang_types(sglang_python: str, server, tmp_path):
     url, model_dir = server
     outputs: list[tuple[str, object]] = []
     port, group_name = free_port(), "conformance-replies"
@@ -84,6 +85,16 @@ def test_replies_parse_with_sglang_types(sglang_python: str, server):
     outputs.append(("UpdateWeightFromDiskReqOutput", disk))
     weights = _post(url, "/get_weights_by_name", {"name": PARAM, "truncate_size": 100})
     outputs.append(("GetWeightsByNameReqOutput", weights))
+    adapter = str(make_adapter(model_dir, tmp_path / "adapter", seed=1))
+    outputs.append(
+        ("LoRAUpdateOutput", _post(url, "/load_lora_adapter", {"lora_name": "v1", "lora_path": adapter}))
+    )
+    duplicate = httpx.post(
+        f"{url}/load_lora_adapter", json={"lora_name": "v1", "lora_path": adapter}, timeout=60
+    )
+    assert duplicate.status_code == 400
+    outputs.append(("LoRAUpdateOutput", duplicate.json()))
+    outputs.append(("LoRAUpdateOutput", _post(url, "/unload_lora_adapter", {"lora_name": "v1"})))
 
     gen = _post(
         url,

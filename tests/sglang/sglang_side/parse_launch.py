@@ -31,6 +31,11 @@ FIELDS = (
     "enable_weights_cpu_backup",
     "api_key",
     "dtype",
+    "enable_lora",
+    "max_lora_rank",
+    "lora_target_modules",
+    "max_loras_per_batch",
+    "lora_backend",
 )
 
 
@@ -43,7 +48,7 @@ def main() -> None:
     if "--config" in argv:
         argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
     args = ServerArgs.from_cli_args(parser.parse_args(argv))
-    print(json.dumps({f: getattr(args, f) for f in FIELDS}))
+    print(json.dumps({f: getattr(args, f) for f in FIELDS}, default=sorted))  # sets as lists
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 from types import SimpleNamespace
 
 from sglang.srt.entrypoints import http_server
+from sglang.srt.managers.io_struct import LoRAUpdateOutput
 from starlette.testclient import TestClient
 
 
@@ -89,6 +90,16 @@ class RecordingTokenizerManager:
 
     async def resume_memory_occupation(self, obj, request=None):
         self._record("resume_memory_occupation", obj)
+
+    async def load_lora_adapter(self, obj, request=None):
+        self._record("load_lora_adapter", obj)
+        return LoRAUpdateOutput(
+            success=True, error_message="", loaded_adapters={obj.lora_name: obj.lora_path}
+        )
+
+    async def unload_lora_adapter(self, obj, request=None):
+        self._record("unload_lora_adapter", obj)
+        return LoRAUpdateOutput(success=True, error_message="", loaded_adapters={})
 
     def abort_request(self, rid="", abort_all=False):
         self._record("abort_request", SimpleNamespace(rid=rid, abort_all=abort_all))
