@@ -359,10 +359,20 @@ class DataConfig(_SeededSection):
         "builtin:digit-copy",
         description="Training prompts: jsonl or parquet (local or s3://), or `builtin:<task>`.",
     )
-    eval_path: str = Field(
-        "builtin:digit-copy",
+    eval_path: str | None = Field(
+        None,
         description="Evaluation prompts, same formats. A `builtin:<task>` evaluates on its eval split: "
-        "prompts it never trains on.",
+        "prompts it never trains on. Empty: a `builtin:<task>` train_path evaluates on that task's eval "
+        "split; a train_path file evaluates on a held-out split of its rows (eval_holdout_fraction of "
+        "them, at least one, drawn with shuffle_seed and never trained on); with eval.datasets set, "
+        "nothing is held out.",
+    )
+    eval_holdout_fraction: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Share of a train_path file's rows held out for evaluation when eval_path is empty "
+        "(rounded, at least one row; the rest train).",
     )
     prompt_key: str = Field(
         "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."
@@ -371,7 +381,8 @@ class DataConfig(_SeededSection):
     shuffle_seed: int | None = Field(
         None,
         ge=0,
-        description="Seed of the per-epoch prompt shuffle. Empty: derived from the run's `seed` (seed + 7).",
+        description="Seed of the per-epoch prompt shuffle, of the held-out eval split (eval_path empty) "
+        "and of which eval.num_prompts prompts evaluate. Empty: derived from the run's `seed` (seed + 7).",
     )
     apply_chat_template: bool = Field(
         False,
@@ -684,7 +695,9 @@ class EvalDataset(_Section):
     )
     path: str = Field(description="jsonl/parquet (local or s3://) or `builtin:<task>` (its eval split).")
     num_prompts: int | None = Field(
-        None, ge=1, description="Prompts per evaluation; default: eval.num_prompts."
+        None,
+        ge=1,
+        description="Prompts per evaluation, sampled as eval.num_prompts' are; default: eval.num_prompts.",
     )
     n_samples: int | None = Field(None, ge=1, description="Samples per prompt; default: eval.n_samples.")
     temperature: float | None = Field(
@@ -709,7 +722,11 @@ class EvalConfig(_Section):
         10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
     )
     num_prompts: int = Field(
-        64, ge=1, description="Held-out prompts per evaluation (all of them when the eval data holds fewer)."
+        64,
+        ge=1,
+        description="Held-out prompts per evaluation: a sample of the eval data drawn with data.shuffle_seed, "
+        "the same prompts at every evaluation of a run (all of them, in order, when the data holds no "
+        "more).",
     )
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(
@@ -718,8 +735,9 @@ class EvalConfig(_Section):
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values of the reported pass@k.")
     datasets: list[EvalDataset] = Field(
         default_factory=list,
-        description="Several eval sets, each with its own settings and metrics. Empty: one set, "
-        "data.eval_path, reported as eval_reward_mean / eval_pass@k.",
+        description="Several eval sets, each with its own settings and metrics. Empty: one set, the eval "
+        "prompts of data.eval_path (see there: a held-out split when it is empty), reported as "
+        "eval_reward_mean / eval_pass@k.",
     )
 
     @field_validator("temperature")
@@ -812,6 +830,12 @@ class RunConfig(_Section):
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="TensorBoard, wandb or MLflow logging of metrics."
     )
+
+    @property
+    def holds_out_eval(self) -> bool:
+        """The default eval set is a held-out split of data.train_path's rows (see data.eval_path)."""
+        d = self.data
+        return d.eval_path is None and not d.train_path.startswith("builtin:") and not self.eval.datasets
 
     @property
     def rollout_samples(self) -> int:

@@ -284,12 +284,14 @@ def test_a_greedy_eval_dataset_keeps_temperature_zero():
 
 
 def test_eval_takes_all_prompts_when_the_data_holds_fewer(tmp_path):
+    from infra.data.splits import train_and_eval_rows
     from infra.rollout.eval_sets import EvalSet
 
     data = tmp_path / "few.jsonl"
     data.write_text('{"prompt": "1:", "label": "1"}\n{"prompt": "2:", "label": "2"}\n')
     cfg = load_config(None, [f"data.eval_path={data}", "eval.num_prompts=64"])
-    assert len(EvalSet.default(cfg.data, {}, cfg.eval).rows) == 2
+    _, rows = train_and_eval_rows(cfg, [], {})
+    assert EvalSet.default(rows, cfg.data, cfg.eval).rows == rows and len(rows) == 2
 
 
 SEEDS = ("model.tiny.seed", "rollout.seed", "data.shuffle_seed", "algorithm.seed")

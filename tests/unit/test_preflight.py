@@ -110,7 +110,12 @@ def test_lengths_fit_the_model_positions(tmp_path):
         tmp_path / "long.jsonl", [{"prompt": "1:", "label": "1"}, {"prompt": "7" * 201, "label": "7"}]
     )
     fails(
-        cfg(tmp_path, data__train_path=long, rollout__prompts_per_rollout=2),
+        cfg(
+            tmp_path,
+            data__train_path=long,
+            data__eval_path="builtin:digit-copy",
+            rollout__prompts_per_rollout=2,
+        ),
         r"data.train_path: row 1 has a prompt of 201 tokens.*64 positions",
         tmp_path / "runs",
     )
@@ -137,12 +142,24 @@ def test_empty_prompts_are_refused_naming_the_row(tmp_path):
 def test_a_batch_larger_than_the_data_is_refused(tmp_path):
     path = jsonl(tmp_path / "three.jsonl", [{"prompt": f"{i}:", "label": str(i)} for i in range(3)])
     fails(
-        cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=4),
+        cfg(tmp_path, data__train_path=path, data__eval_path=path, rollout__prompts_per_rollout=4),
         r"rollout.prompts_per_rollout=4 exceeds the 3 prompts of data.train_path \(.*three.jsonl\)",
         tmp_path / "runs",
     )
     assert (
-        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=3)).num_train_prompts == 3
+        preflight(
+            cfg(tmp_path, data__train_path=path, data__eval_path=path, rollout__prompts_per_rollout=3)
+        ).num_train_prompts
+        == 3
+    )
+    # no data.eval_path: one of the three rows is held out for evaluation, and the count says so
+    fails(
+        cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=3),
+        r"exceeds the 2 prompts of data.train_path \(.*three.jsonl; 1 more held out for evaluation",
+        tmp_path / "runs",
+    )
+    assert (
+        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=2)).num_train_prompts == 2
     )
 
 
