@@ -290,22 +290,40 @@ def check_lengths(cfg: RunConfig, tokenizer, positions: int | None, rows: dict[s
 
 
 def oversubscription(cfg: RunConfig) -> list[str]:
-    """A local cluster asking for more CPUs than the machine has runs, but its processes
-    thrash (contended steps measured 10-20x slower); say so rather than stay silent."""
+    """A local cluster whose processes will thrash for want of cores runs, but slowly (contended
+    steps measured 10-20x slower); say so rather than stay silent.
+
+    Single-threaded processes may share cores: the demo's two trainer ranks and one engine
+    use 89% of 2 cores (bench.cpu_budget), the engine generating while the ranks train.
+    What thrashes: ranks that train together (actor and critic: a collective waits for its
+    slowest rank) without a core for each thread, engines that alone want more cores than
+    there are, and multi-threaded (OpenMP) processes sharing cores, as engines and trainer
+    do in async mode."""
     if cfg.cluster.ray_address:
         return []
-    c = cfg.cluster
+    c, have = cfg.cluster, os.cpu_count() or 1
+    threads = f"x threads_per_worker={c.threads_per_worker}"
     critics = c.critic.num_workers if cfg.critic.enabled else 0
-    wanted = (c.trainer.num_workers + critics + c.engines.num_workers) * c.threads_per_worker
-    have = os.cpu_count() or 1
-    if wanted <= have:
-        return []
-    critic_ranks = f", {critics} critic ranks" if critics else ""
-    return [
-        f"cluster: {c.trainer.num_workers} trainer ranks{critic_ranks} and {c.engines.num_workers} engines x "
-        f"threads_per_worker={c.threads_per_worker} want {wanted} cores; this machine has {have}, "
-        "so they share cores and run slower"
-    ]
+    training = (c.trainer.num_workers + critics) * c.threads_per_worker
+    engines = c.engines.num_workers * c.threads_per_worker
+    critic_ranks = f" and {critics} critic ranks" if critics else ""
+    out = []
+    if training > have:
+        out.append(
+            f"cluster: {c.trainer.num_workers} trainer ranks{critic_ranks} {threads} train together and want "
+            f"{training} cores; this machine has {have}, so every collective waits for a descheduled rank"
+        )
+    if engines > have:
+        out.append(
+            f"cluster: {c.engines.num_workers} engines {threads} want {engines} cores; this machine has {have}"
+        )
+    if not out and c.threads_per_worker > 1 and cfg.mode == "async" and training + engines > have:
+        out.append(
+            f"cluster: trainer ranks and engines {threads} generate and train at once and want "
+            f"{training + engines} cores; this machine has {have}, and multi-threaded processes that share "
+            "cores thrash (threads_per_worker=1 shares them well)"
+        )
+    return out
 
 
 def check_writable(store: RunStore) -> None:

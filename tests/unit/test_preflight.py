@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import RunConfig
+from infra.config_files import load_config
 from infra.data.builtin_tasks import builtin_rows
 from infra.handles import RunHandles
 from infra.preflight import PreflightError, preflight
@@ -275,15 +276,26 @@ def test_oversubscribed_local_cluster_is_reported(tmp_path):
     )  # a real cluster: its business
 
 
-def test_oversubscription_counts_the_critic_ranks(monkeypatch):
+def test_the_default_cluster_fits_two_cores_and_oversubscription_is_reported(monkeypatch):
     from infra.preflight import oversubscription
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    grpo = RunConfig()  # 2 trainer ranks + 1 engine: 3 of 4 cores
-    assert oversubscription(grpo) == []
-    ppo = RunConfig.model_validate({"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}})
-    (warning,) = oversubscription(ppo)  # + 2 critic ranks: 5 of 4
-    assert "2 critic ranks" in warning and "want 5 cores" in warning
+    def warned(cores: int, *overrides: str) -> list[str]:
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        return oversubscription(load_config(None, list(overrides)))
+
+    # the README's machine: 2 trainer ranks + 1 single-threaded engine sharing 2 cores
+    assert warned(2) == [] and warned(2, "mode=sync") == []
+    assert "2 trainer ranks x threads_per_worker=1 train together and want 2 cores" in warned(1)[0]
+    (critic,) = warned(2, "algorithm.advantage_estimator=ppo", "critic.enabled=true")
+    assert "2 critic ranks" in critic and "want 4 cores" in critic
+    assert warned(4, "algorithm.advantage_estimator=ppo", "critic.enabled=true") == []
+    (engines,) = warned(2, "cluster.engines.num_workers=3")
+    assert "3 engines" in engines and "want 3 cores" in engines
+    # multi-threaded processes must not share cores while generating and training at once
+    (omp,) = warned(4, "cluster.threads_per_worker=2")
+    assert "want 6 cores" in omp
+    assert warned(4, "cluster.threads_per_worker=2", "mode=sync") == []
+    assert warned(6, "cluster.threads_per_worker=2") == []
 
 
 def test_an_sglang_engine_needs_an_interpreter_that_finds_sglang(tmp_path):
