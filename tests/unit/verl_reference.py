@@ -4,9 +4,11 @@
 compares with (verl/trainer/ppo/core_algos.py, verl/utils/torch_functional.py,
 ray_trainer.apply_kl_penalty, rollout_corr_helper.compute_rollout_correction_weights) in
 plain torch, operation for operation. `Own` calls verl's own functions with the same
-arguments; it exists only where `verl==0.9.1` imports (with `--no-deps` it needs
-tensordict, omegaconf, hydra-core, codetiming and, for apply_kl_penalty, torchdata and
-datasets). The tests run against both, so a transcription that drifted from verl fails there.
+arguments; it exists only where `verl==0.9.1` imports, e.g. beside this venv:
+`pip install --target DIR --no-deps verl==0.9.1 tensordict==0.10.0 pyvers omegaconf
+antlr4-python3-runtime==4.9.3 hydra-core codetiming torchdata datasets dill xxhash multiprocess`,
+then `PYTHONPATH=DIR pytest tests/unit/test_verl_conventions.py`. The tests run against
+both, so a transcription that drifted from verl fails there.
 """
 
 from __future__ import annotations
