@@ -67,15 +67,15 @@ def save_iterations(iterations: int, overrides: list[str]) -> set[int]:
     """The iterations after which the flow saved, by the flow's own schedule."""
     from infra.config_files import load_config
     from infra.data.prompts import load_rows, with_split
+    from infra.data.splits import train_and_eval_rows
     from infra.schedule import LoopSchedule
     from infra.storage.fs import storage_options
 
     cfg = load_config(None, overrides)
     d = cfg.data
-    rows = load_rows(
-        with_split(d.train_path, "train"), d.prompt_key, d.label_key, storage_options(cfg.storage)
-    )
-    schedule = LoopSchedule.from_config(cfg, len(rows))
+    opts = storage_options(cfg.storage)
+    rows = load_rows(with_split(d.train_path, "train"), d.prompt_key, d.label_key, opts)
+    schedule = LoopSchedule.from_config(cfg, len(train_and_eval_rows(cfg, rows, opts)[0]))
     return {k for k in range(iterations) if schedule.save_after(k)}
 
 

@@ -7,9 +7,18 @@ stay importable without torch or ray (the Prefect UI, deployments and tests pars
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 RESUME_MODES = ("never", "fresh", "auto")
 # Lowest sampling temperature of a run. The trainer takes logprobs of logits / T; far below
@@ -25,6 +34,53 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+# Seeds lie in [0, SEED_LIMIT): the rollout manager packs rollout.seed * 2**40 into a sample's
+# 64-bit sampling seed. A derived seed is (seed + its field's offset) mod SEED_LIMIT.
+SEED_LIMIT = 2**22
+# Pass as `model_dump(context=RESOLVED_SEEDS)` to dump derived seeds as the numbers they
+# resolved to (what a run trains with: checkpoint identity, cache keys, trackers) instead
+# of empty (what a config file or the Prefect form should hold, so that `seed` drives them).
+RESOLVED_SEEDS = {"resolved_seeds": True}
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    return (seed + offset) % SEED_LIMIT
+
+
+class _SeededSection(_Section):
+    """A section with one seed field that, left empty, derives from the run's `seed`.
+
+    Standalone, an empty seed takes seed 0's derivation; `RunConfig` derives it again from its
+    own `seed`. A derived seed dumps as empty, so a dumped config re-derives it from `seed`."""
+
+    seed_field: ClassVar[str]
+    seed_offset: ClassVar[int]
+    _seed_derived: bool = PrivateAttr(False)
+
+    @model_validator(mode="after")
+    def _derive_empty_seed(self) -> Any:
+        if getattr(self, self.seed_field) is None:
+            setattr(self, self.seed_field, derived_seed(0, self.seed_offset))
+            self._seed_derived = True
+        return self
+
+    def with_run_seed(self, seed: int) -> Any:
+        """This section with its seed derived from `seed`, unless the seed was set explicitly."""
+        if not self._seed_derived:
+            return self
+        section = self.model_copy(update={self.seed_field: derived_seed(seed, self.seed_offset)})
+        section._seed_derived = True
+        return section
+
+    @model_serializer(mode="wrap")
+    def _derived_seed_as_empty(self, handler: Any, info: SerializationInfo) -> Any:
+        data = handler(self)
+        resolved = (info.context or {}).get("resolved_seeds")
+        if self._seed_derived and not resolved and isinstance(data, dict) and self.seed_field in data:
+            data[self.seed_field] = None
+        return data
+
+
 def _greedy_or_tempered(value: float | None, field: str) -> float | None:
     if value is not None and 0 < value < MIN_TEMPERATURE:
         raise ValueError(
@@ -34,15 +90,22 @@ def _greedy_or_tempered(value: float | None, field: str) -> float | None:
     return value
 
 
-class TinyModelConfig(_Section):
+class TinyModelConfig(_SeededSection):
     """Shape of the built-in tiny Llama model (used when `model.path` is `builtin:tiny-llama`)."""
+
+    seed_field: ClassVar[str] = "seed"
+    seed_offset: ClassVar[int] = 0
 
     hidden_size: int = Field(64, ge=8, description="Width of the residual stream.")
     num_layers: int = Field(2, ge=1, description="Number of decoder layers.")
     num_heads: int = Field(4, ge=1, description="Attention heads per layer.")
     intermediate_size: int = Field(256, ge=8, description="Width of the MLP.")
     max_position_embeddings: int = Field(64, ge=8, description="Longest prompt plus response, in tokens.")
-    seed: int = Field(0, description="Seed of the random initialisation.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the random initialisation. Empty: derived from the run's `seed` (equal to it).",
+    )
 
     @model_validator(mode="after")
     def _heads_fit(self) -> TinyModelConfig:
@@ -198,7 +261,10 @@ class SamplingConfig(_Section):
         return value
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(_SeededSection):
+    seed_field: ClassVar[str] = "seed"
+    seed_offset: ClassVar[int] = 1234
+
     engine: Literal["torch", "sglang"] = Field(
         "torch",
         description="`torch`: the built-in CPU/GPU server. `sglang`: SGLang servers; on GPUs, or on CPUs "
@@ -216,11 +282,12 @@ class RolloutConfig(_Section):
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
     )
-    seed: int = Field(
-        1234,
+    seed: int | None = Field(
+        None,
         ge=0,
-        lt=2**22,
-        description="Base seed of sampling. Every sample gets its own `sampling_seed` (from this seed, the "
+        lt=SEED_LIMIT,
+        description="Base seed of sampling; empty: derived from the run's `seed` as (seed + 1234) mod 2^22. "
+        "Every sample gets its own `sampling_seed` (from this seed, the "
         "rollout id and the sample's index), never one per GRPO group. The built-in engine always honours "
         "it, so runs repeat exactly. SGLang honours it only when launched with "
         "`--enable-deterministic-inference` (`sglang_args`); otherwise SGLang samples at random.",
@@ -284,21 +351,39 @@ class RemoteRewardConfig(_Section):
     backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubled for every further retry.")
 
 
-class DataConfig(_Section):
+class DataConfig(_SeededSection):
+    seed_field: ClassVar[str] = "shuffle_seed"
+    seed_offset: ClassVar[int] = 7
+
     train_path: str = Field(
         "builtin:digit-copy",
         description="Training prompts: jsonl or parquet (local or s3://), or `builtin:<task>`.",
     )
-    eval_path: str = Field(
-        "builtin:digit-copy",
+    eval_path: str | None = Field(
+        None,
         description="Evaluation prompts, same formats. A `builtin:<task>` evaluates on its eval split: "
-        "prompts it never trains on.",
+        "prompts it never trains on. Empty: a `builtin:<task>` train_path evaluates on that task's eval "
+        "split; a train_path file evaluates on a held-out split of its rows (eval_holdout_fraction of "
+        "them, at least one, drawn with shuffle_seed and never trained on); with eval.datasets set, "
+        "nothing is held out.",
+    )
+    eval_holdout_fraction: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Share of a train_path file's rows held out for evaluation when eval_path is empty "
+        "(rounded, at least one row; the rest train).",
     )
     prompt_key: str = Field(
         "prompt", description="Column holding the prompt: text, or a list of chat messages {role, content}."
     )
     label_key: str = Field("label", description="Column holding the reference answer.")
-    shuffle_seed: int = Field(7, description="Seed of the per-epoch prompt shuffle.")
+    shuffle_seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the per-epoch prompt shuffle, of the held-out eval split (eval_path empty) "
+        "and of which eval.num_prompts prompts evaluate. Empty: derived from the run's `seed` (seed + 7).",
+    )
     apply_chat_template: bool = Field(
         False,
         description="Wrap text prompts in the tokenizer's chat template as a user turn, with the "
@@ -352,7 +437,10 @@ class DataConfig(_Section):
     )
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(_SeededSection):
+    seed_field: ClassVar[str] = "seed"
+    seed_offset: ClassVar[int] = 42
+
     lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas, each in [0, 1).")
@@ -444,7 +532,12 @@ class AlgorithmConfig(_Section):
         "min(exp(old logp - engine logp), tis_cap). `auto`: on in async mode, off in sync mode.",
     )
     tis_cap: float = Field(2.0, gt=0, description="Upper bound of the TIS weight.")
-    seed: int = Field(42, description="Seed of the trainer (model init is the model's own).")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the trainer (model init is the model's own). Empty: derived from the run's "
+        "`seed` (seed + 42).",
+    )
 
     @property
     def agg_mode(self) -> str:
@@ -605,7 +698,9 @@ class EvalDataset(_Section):
     )
     path: str = Field(description="jsonl/parquet (local or s3://) or `builtin:<task>` (its eval split).")
     num_prompts: int | None = Field(
-        None, ge=1, description="Prompts per evaluation; default: eval.num_prompts."
+        None,
+        ge=1,
+        description="Prompts per evaluation, sampled as eval.num_prompts' are; default: eval.num_prompts.",
     )
     n_samples: int | None = Field(None, ge=1, description="Samples per prompt; default: eval.n_samples.")
     temperature: float | None = Field(
@@ -630,7 +725,11 @@ class EvalConfig(_Section):
         10, ge=1, description="Evaluate every N iterations (and at epoch ends); empty: never."
     )
     num_prompts: int = Field(
-        64, ge=1, description="Held-out prompts per evaluation (all of them when the eval data holds fewer)."
+        64,
+        ge=1,
+        description="Held-out prompts per evaluation: a sample of the eval data drawn with data.shuffle_seed, "
+        "the same prompts at every evaluation of a run (all of them, in order, when the data holds no "
+        "more).",
     )
     n_samples: int = Field(4, ge=1, description="Samples per eval prompt (pass@k uses k <= n_samples).")
     temperature: float = Field(
@@ -639,8 +738,9 @@ class EvalConfig(_Section):
     pass_k: list[int] = Field(default_factory=lambda: [1, 4], description="k values of the reported pass@k.")
     datasets: list[EvalDataset] = Field(
         default_factory=list,
-        description="Several eval sets, each with its own settings and metrics. Empty: one set, "
-        "data.eval_path, reported as eval_reward_mean / eval_pass@k.",
+        description="Several eval sets, each with its own settings and metrics. Empty: one set, the eval "
+        "prompts of data.eval_path (see there: a held-out split when it is empty), reported as "
+        "eval_reward_mean / eval_pass@k.",
     )
 
     @field_validator("temperature")
@@ -704,6 +804,14 @@ class RunConfig(_Section):
         1, ge=1, description="Push trainer weights to the engines every N iterations."
     )
     num_critic_only_steps: int = Field(0, ge=0, description="Leading iterations that train only the critic.")
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="Seed of the whole run: the seeds left empty derive from it, each as (seed + offset) "
+        "mod 2^22: model.tiny.seed (+0), data.shuffle_seed (+7), algorithm.seed (+42), rollout.seed "
+        "(+1234). The same seed and config repeat a run exactly (with the built-in engine).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     cluster: ClusterConfig = Field(
         default_factory=ClusterConfig, description="Ray cluster and resources per role."
@@ -727,6 +835,12 @@ class RunConfig(_Section):
     )
 
     @property
+    def holds_out_eval(self) -> bool:
+        """The default eval set is a held-out split of data.train_path's rows (see data.eval_path)."""
+        d = self.data
+        return d.eval_path is None and not d.train_path.startswith("builtin:") and not self.eval.datasets
+
+    @property
     def rollout_samples(self) -> int:
         return self.rollout.prompts_per_rollout * self.rollout.n_samples_per_prompt
 
@@ -745,6 +859,16 @@ class RunConfig(_Section):
         """Optimizer steps of the whole run (the LR schedule's horizon)."""
         per_rollout = self.rollout_samples // self.global_batch_size
         return self.num_rollout * per_rollout * self.algorithm.ppo_epochs
+
+    @model_validator(mode="after")
+    def _derive_seeds(self) -> RunConfig:
+        tiny = self.model.tiny.with_run_seed(self.seed)
+        if tiny is not self.model.tiny:
+            self.model = self.model.model_copy(update={"tiny": tiny})
+        self.rollout = self.rollout.with_run_seed(self.seed)
+        self.data = self.data.with_run_seed(self.seed)
+        self.algorithm = self.algorithm.with_run_seed(self.seed)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

@@ -14,15 +14,18 @@ from infra.config import RunConfig
 def _rows(defaults: BaseModel, prefix: str = "") -> list[str]:
     """One row per field. Defaults are read from a default-built instance, not from the
     section classes: a parent may build a section with other values than the class's own
-    (`cluster.trainer` is `RoleResources(num_workers=2)`)."""
+    (`cluster.trainer` is `RoleResources(num_workers=2)`). Values are shown as the config
+    dumps them: a seed derived from the run's `seed` is empty there."""
     rows = []
+    dumped = defaults.model_dump(mode="json")
     for name, field in type(defaults).model_fields.items():
         value = getattr(defaults, name)
         if isinstance(value, BaseModel):
             rows.append(f"| **`{prefix}{name}`** | section | {field.description} |")
             rows.extend(_rows(value, f"{prefix}{name}."))
         else:
-            rows.append(f"| `{prefix}{name}` | `{json.dumps(_plain(value))}` | {field.description} |")
+            shown = None if dumped[name] is None else _plain(value)
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(shown)}` | {field.description} |")
     return rows
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
 from infra.data.rewards import REWARDS, resolve_reward
+from infra.data.splits import train_and_eval_rows
 from infra.data.templating import PromptFormatter
 from infra.model import tokenizer as tokenizers
 from infra.storage.fs import RunStore, storage_options
@@ -39,7 +40,7 @@ class Preflight:
     finished: str | None = None  # why there is nothing to do, for a resumed finished run
     cleared: list[str] = field(default_factory=list)  # what resume=fresh deleted
     warnings: list[str] = field(default_factory=list)  # legal but likely slow or wrong
-    num_train_prompts: int = 0  # rows of data.train_path: the flow's schedule knows epoch ends
+    num_train_prompts: int = 0  # train rows (less a held-out eval split): the schedule knows epoch ends
 
 
 def preflight(cfg: RunConfig) -> Preflight:
@@ -49,16 +50,20 @@ def preflight(cfg: RunConfig) -> Preflight:
         from infra.rollout.custom import resolve_generate_fn
 
         _check("rollout.generate_fn", lambda: resolve_generate_fn(cfg.rollout.generate_fn))
-    rows = {
-        "data.train_path": _check("data.train_path", lambda: _rows(cfg, cfg.data.train_path, "train")),
-        "data.eval_path": _check("data.eval_path", lambda: _rows(cfg, cfg.data.eval_path, "eval")),
-    }
+    train_file = _check("data.train_path", lambda: _rows(cfg, cfg.data.train_path, "train"))
+    train, evals = _check(
+        "data.eval_path", lambda: train_and_eval_rows(cfg, train_file, storage_options(cfg.storage))
+    )
+    # the file's rows, numbered as in the file; held-out eval rows are among them
+    rows = {"data.train_path": train_file}
+    if evals and not cfg.holds_out_eval:
+        rows["data.eval_path"] = evals
     for d in cfg.eval.datasets:
         where = f"eval.datasets[{d.name}]"
         rows[f"{where}.path"] = _check(f"{where}.path", lambda d=d: _rows(cfg, d.path, "eval"))
         if d.reward:
             _check(f"{where}.reward", lambda d=d: check_reward(d.reward))
-    check_batch_fits(cfg, len(rows["data.train_path"]))
+    check_batch_fits(cfg, len(train), len(train_file) - len(train))
     if cfg.rollout.engine == "sglang" and not cfg.cluster.ray_address:
         check_sglang_python(cfg.rollout.sglang_python)
     tokenizer, positions = _check("model.path", lambda: load_tokenizer(cfg, store))
@@ -72,7 +77,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     result = Preflight(
         finished=finished_message(cfg, point),
         warnings=oversubscription(cfg),
-        num_train_prompts=len(rows["data.train_path"]),
+        num_train_prompts=len(train),
     )
     if cfg.checkpoint.resume == "fresh":
         result.cleared = clear_for_fresh_start(store)
@@ -198,14 +203,18 @@ def check_sglang_python(configured: str) -> None:
         )
 
 
-def check_batch_fits(cfg: RunConfig, num_prompts: int) -> None:
+def check_batch_fits(cfg: RunConfig, num_prompts: int, held_out: int = 0) -> None:
     """One batch draws distinct prompts: a batch larger than the data would hold the same
-    prompt twice (and every epoch end would fall inside a batch)."""
+    prompt twice (and every epoch end would fall inside a batch). `held_out`: rows of the
+    train file held out for evaluation, not among `num_prompts`."""
     batch = cfg.rollout.prompts_per_rollout
     if batch > num_prompts:
+        where = cfg.data.train_path
+        if held_out:
+            where += f"; {held_out} more held out for evaluation since data.eval_path is empty"
         raise PreflightError(
             f"rollout.prompts_per_rollout={batch} exceeds the {num_prompts} prompts of data.train_path "
-            f"({cfg.data.train_path}): a batch would hold a prompt twice; lower it or add prompts"
+            f"({where}): a batch would hold a prompt twice; lower it or add prompts"
         )
 
 
@@ -281,22 +290,40 @@ def check_lengths(cfg: RunConfig, tokenizer, positions: int | None, rows: dict[s
 
 
 def oversubscription(cfg: RunConfig) -> list[str]:
-    """A local cluster asking for more CPUs than the machine has runs, but its processes
-    thrash (contended steps measured 10-20x slower); say so rather than stay silent."""
+    """A local cluster whose processes will thrash for want of cores runs, but slowly (contended
+    steps measured 10-20x slower); say so rather than stay silent.
+
+    Single-threaded processes may share cores: the demo's two trainer ranks and one engine
+    use 89% of 2 cores (bench.cpu_budget), the engine generating while the ranks train.
+    What thrashes: ranks that train together (actor and critic: a collective waits for its
+    slowest rank) without a core for each thread, engines that alone want more cores than
+    there are, and multi-threaded (OpenMP) processes sharing cores, as engines and trainer
+    do in async mode."""
     if cfg.cluster.ray_address:
         return []
-    c = cfg.cluster
+    c, have = cfg.cluster, os.cpu_count() or 1
+    threads = f"x threads_per_worker={c.threads_per_worker}"
     critics = c.critic.num_workers if cfg.critic.enabled else 0
-    wanted = (c.trainer.num_workers + critics + c.engines.num_workers) * c.threads_per_worker
-    have = os.cpu_count() or 1
-    if wanted <= have:
-        return []
-    critic_ranks = f", {critics} critic ranks" if critics else ""
-    return [
-        f"cluster: {c.trainer.num_workers} trainer ranks{critic_ranks} and {c.engines.num_workers} engines x "
-        f"threads_per_worker={c.threads_per_worker} want {wanted} cores; this machine has {have}, "
-        "so they share cores and run slower"
-    ]
+    training = (c.trainer.num_workers + critics) * c.threads_per_worker
+    engines = c.engines.num_workers * c.threads_per_worker
+    critic_ranks = f" and {critics} critic ranks" if critics else ""
+    out = []
+    if training > have:
+        out.append(
+            f"cluster: {c.trainer.num_workers} trainer ranks{critic_ranks} {threads} train together and want "
+            f"{training} cores; this machine has {have}, so every collective waits for a descheduled rank"
+        )
+    if engines > have:
+        out.append(
+            f"cluster: {c.engines.num_workers} engines {threads} want {engines} cores; this machine has {have}"
+        )
+    if not out and c.threads_per_worker > 1 and cfg.mode == "async" and training + engines > have:
+        out.append(
+            f"cluster: trainer ranks and engines {threads} generate and train at once and want "
+            f"{training + engines} cores; this machine has {have}, and multi-threaded processes that share "
+            "cores thrash (threads_per_worker=1 shares them well)"
+        )
+    return out
 
 
 def check_writable(store: RunStore) -> None:

@@ -17,6 +17,9 @@ Estimator = Literal[
 ]
 # Added to the variance before the square root when whitening over tokens (REINFORCE++).
 WHITEN_EPS = 1e-8
+# Added to the token count a masked mean divides by (verl's masked_mean), so that the
+# whitened advantages equal verl's to the last bits.
+MASKED_MEAN_EPS = 1e-8
 
 
 def _groups(values: list[float], groups: list[int]) -> dict[int, list[float]]:
@@ -77,20 +80,24 @@ def rloo_advantages(rewards: list[float], groups: list[int]) -> list[float]:
 
 
 def whiten_over_tokens(scores: list[float], lengths: list[int]) -> list[float]:
-    """(score - mu) / sqrt(var + 1e-8), mu and var taken over response TOKENS, not samples.
+    """(score - mu) / sqrt(var + 1e-8), mu and var taken over loss TOKENS, not samples.
 
-    Each sample's score stands for every one of its `lengths[i]` tokens, so a long
-    response weighs more in mu and var; var is unbiased over the token count (N - 1).
-    Samples without tokens are masked out of the loss: they get 0. Fewer than 2 tokens in
-    the whole batch: no variance is defined, every advantage is 0.
+    Each sample's score stands for every one of its `lengths[i]` tokens in the loss (tokens
+    the environment wrote are not among them), so a long response weighs more in mu and var;
+    var is unbiased over the token count N. As verl's `masked_whiten`, both means divide by
+    N + 1e-8 (its `masked_mean`). Samples without tokens are masked out of the loss: they
+    get 0. Fewer than 2 tokens in the whole batch: no variance is defined, every advantage is 0.
     """
     if len(scores) != len(lengths):
         raise ValueError(f"scores ({len(scores)}) and lengths ({len(lengths)}) differ in length")
     total = sum(lengths)
     if total < 2:
         return [0.0] * len(scores)
-    mean = sum(s * n for s, n in zip(scores, lengths, strict=True)) / total
-    var = sum(n * (s - mean) ** 2 for s, n in zip(scores, lengths, strict=True)) / (total - 1)
+    mean = sum(s * n for s, n in zip(scores, lengths, strict=True)) / (total + MASKED_MEAN_EPS)
+    square = sum(n * (s - mean) ** 2 for s, n in zip(scores, lengths, strict=True)) / (
+        total + MASKED_MEAN_EPS
+    )
+    var = square * total / (total - 1)
     scale = 1.0 / math.sqrt(var + WHITEN_EPS)
     return [(s - mean) * scale if n else 0.0 for s, n in zip(scores, lengths, strict=True)]
 
@@ -98,7 +105,8 @@ def whiten_over_tokens(scores: list[float], lengths: list[int]) -> list[float]:
 def reinforce_plus_plus_advantages(
     rewards: list[float], lengths: list[int], groups: list[int] | None = None
 ) -> list[float]:
-    """REINFORCE++: returns whitened over the batch's tokens (gamma = 1, outcome rewards).
+    """REINFORCE++: returns whitened over the batch's loss tokens (gamma = 1, outcome rewards);
+    `lengths` counts each sample's tokens in the loss.
 
     With `groups`, the `_baseline` variant: each reward first loses its group's mean (a
     group of one keeps its reward), then the batch is whitened.
@@ -120,7 +128,10 @@ def compute_advantages(
     normalize_std: bool = True,
     unbiased_std: bool = True,
 ) -> list[float]:
-    """The advantage of every sample under `estimator` (`ppo` needs a critic: not here)."""
+    """The advantage of every sample under `estimator` (`ppo` needs a critic: not here).
+
+    `lengths` are the samples' tokens in the loss (`Sample.loss_tokens`): REINFORCE++
+    whitens over them."""
     if estimator in ("grpo", "gspo"):  # GSPO changes the ratio (loss side), not the advantage
         return grpo_advantages(rewards, groups, normalize_std, unbiased_std=unbiased_std)
     if estimator == "dr_grpo":  # Dr. GRPO drops the std division (and the length norm: loss side)

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from infra.config import ModelConfig, TinyModelConfig
+from infra.config import RESOLVED_SEEDS, ModelConfig, TinyModelConfig
 from infra.storage.fs import download_dir, filesystem, is_local, upload_dir, uri_exists
 
 BUILTIN_TINY = "builtin:tiny-llama"
@@ -52,7 +52,9 @@ def tiny_model_dir(cfg: TinyModelConfig, cache_root: str | None = None) -> Path:
 
     root = _cache_root(cache_root)
     versions = {pkg: importlib.metadata.version(pkg) for pkg in ("torch", "transformers")}
-    key = json.dumps([cfg.model_dump(mode="json"), versions, BUILD_VERSION], sort_keys=True)
+    key = json.dumps(
+        [cfg.model_dump(mode="json", context=RESOLVED_SEEDS), versions, BUILD_VERSION], sort_keys=True
+    )
     local = root / "tiny" / hashlib.sha1(key.encode()).hexdigest()[:16]
     if (local / "config.json").exists():  # renamed into place whole: complete
         return local

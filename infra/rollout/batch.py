@@ -44,6 +44,13 @@ class Sample:
     # (tool output, user turns: never in the loss); None means all 1 (a single-turn sample)
     loss_mask: list[int] | None = None
 
+    @property
+    def loss_tokens(self) -> int:
+        """Response tokens in the loss: those the policy sampled (none without a prompt)."""
+        if not self.prompt_ids:
+            return 0
+        return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
+
     def to_row(self) -> dict:
         # shallow: the row is read, never changed (asdict would deep-copy every token list,
         # a third of the rollout manager's time writing the rollout's parquet)

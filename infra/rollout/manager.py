@@ -21,6 +21,7 @@ import ray
 from infra.config import RunConfig
 from infra.data.prompts import PromptSource, load_rows, with_split
 from infra.data.rewards import resolve_reward
+from infra.data.splits import train_and_eval_rows
 from infra.data.templating import PromptFormatter
 from infra.engines.client import EngineClient
 from infra.engines.fleet import EngineFleet
@@ -68,9 +69,10 @@ class RolloutManager:
         if engine_urls:
             self.attach_engines(engine_urls, engine_actors, transport)
         data = cfg.data
-        train_rows = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
+        train_file = load_rows(with_split(data.train_path, "train"), data.prompt_key, data.label_key, opts)
+        train_rows, eval_rows = train_and_eval_rows(cfg, train_file, opts)
         self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
-            EvalSet.default(data, opts, self.cfg.eval)
+            EvalSet.default(eval_rows, data, self.cfg.eval)
         ]
         self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward, data)

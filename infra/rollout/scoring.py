@@ -50,7 +50,7 @@ def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None
         algorithm.advantage_estimator,
         [s.reward for s in samples],
         [s.group for s in samples],
-        [len(s.response_ids) if s.prompt_ids else 0 for s in samples],
+        [s.loss_tokens for s in samples],
         normalize_std=algorithm.normalize_advantage_std,
         unbiased_std=algorithm.unbiased_std,
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from infra.config import RunConfig
+from infra.config import RESOLVED_SEEDS, RunConfig
 from infra.storage.fs import RunStore, read_uri, uri_exists
 
 MARKER = "COMMITTED"
@@ -28,7 +28,7 @@ _IDENTITY_SECTIONS = ("model", "data", "rollout", "algorithm", "critic")
 
 
 def config_hash(cfg: RunConfig) -> str:
-    identity = cfg.model_dump(mode="json", include=set(_IDENTITY_SECTIONS))
+    identity = cfg.model_dump(mode="json", include=set(_IDENTITY_SECTIONS), context=RESOLVED_SEEDS)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from infra.config import RunConfig
+from infra.config import RESOLVED_SEEDS, RunConfig
 from infra.storage.fs import RunStore
 
 
@@ -24,7 +24,7 @@ class WandbTracker:
             id=cfg.run_name,  # the same run name continues the same wandb run (resume=auto)
             resume="allow",
             dir=folder,
-            config=cfg.model_dump(mode="json"),
+            config=cfg.model_dump(mode="json", context=RESOLVED_SEEDS),
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -14,7 +14,7 @@ from infra.algorithms.advantages import compute_advantages
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
 from infra.trainer.batches import MicroBatch, all_reduce_sum
-from infra.trainer.losses import kl_penalty
+from infra.trainer.losses import kl_penalty, mean_sequence_kl
 from infra.trainer.ppo_targets import (
     as_lists,
     from_lists,
@@ -67,13 +67,13 @@ def _kl_in_reward(
         cfg.advantage_estimator,
         rewards,
         [s.group for s in samples],
-        [len(s.response_ids) if s.prompt_ids else 0 for s in samples],
+        [s.loss_tokens for s in samples],
         normalize_std=cfg.normalize_advantage_std,
         unbiased_std=cfg.unbiased_std,
     )
     for mb in (mb for step in plan for mb in step):
         mb.advantages = torch.tensor([[advantages[i]] for i in mb.index], device=device)
-    return {"kl_reward_penalty": cfg.kl_coef * sum(seq_kl) / len(seq_kl)}
+    return _penalty_metrics(torch.tensor(seq_kl), samples, cfg)
 
 
 def _ppo_advantages(
@@ -101,4 +101,11 @@ def _ppo_advantages(
         mb.advantages = to_positions(advantages, mb, samples)
     if kl is None:
         return {}
-    return {"kl_reward_penalty": cfg.kl_coef * float(kl.sum()) / len(samples)}
+    return _penalty_metrics(kl.sum(-1).cpu(), samples, cfg)
+
+
+def _penalty_metrics(seq_kl: torch.Tensor, samples: list[Sample], cfg: AlgorithmConfig) -> dict:
+    """The KL-in-reward metrics under verl's names (apply_kl_penalty's): the mean per-token KL of
+    a sequence, averaged over the rollout, and the coefficient it was weighted by."""
+    tokens = torch.tensor([s.loss_tokens for s in samples], dtype=seq_kl.dtype)
+    return {"reward_kl_penalty": mean_sequence_kl(seq_kl, tokens), "reward_kl_penalty_coeff": cfg.kl_coef}

@@ -57,9 +57,11 @@ def clipped_value_loss(
 
     The aggregate's counts come from `mask` (one batch), or from `counts` = (tokens,
     sequences, max length) of a whole optimizer step when the batch is one micro-batch of it.
-    The fraction counts tokens where the clipped error is larger.
+    The fraction counts tokens where the clipped error is larger. The clip bounds V itself
+    (verl's `clip_by_value`): inside them the clipped V is V to the bit, whereas
+    V_old + clamp(V - V_old) can round off it by an ulp and count a token as clipped.
     """
-    clipped = old_values + torch.clamp(vpreds - old_values, -clip, clip)
+    clipped = torch.max(torch.min(vpreds, old_values + clip), old_values - clip)
     plain_err, clip_err = (vpreds - returns) ** 2, (clipped - returns) ** 2
     if counts is None:
         counts = (float(mask.sum()), float((mask.sum(-1) > 0).sum()), mask.shape[-1])

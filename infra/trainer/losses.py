@@ -43,6 +43,9 @@ class PolicyLoss:
     clipped_high: torch.Tensor  # [B, T] 1 where A > 0 and the ratio was clipped at 1 + eps_high
     clipped_low: torch.Tensor  # [B, T] 1 where A < 0 and the ratio was clipped at 1 - eps_low
     dual_clipped: torch.Tensor  # [B, T] 1 where A < 0 and the loss was capped at -A * clip_ratio_c
+    # [B, T] old logp - logp, the token log-ratio negated (clamped as in the PPO ratio; GSPO's
+    # unclamped): verl's `ppo_kl` is its mean over the response tokens
+    ppo_kl: torch.Tensor
 
 
 def sequence_log_ratio(
@@ -75,8 +78,10 @@ def policy_loss(
     """
     if sequence_level:
         log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask)
+        ppo_kl = old_logprobs - logprobs
     else:
         log_ratio = torch.clamp(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ppo_kl = -log_ratio
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -94,6 +99,7 @@ def policy_loss(
         clipped_high=(bit & ~negative).to(dtype),
         clipped_low=(bit & negative).to(dtype),
         dual_clipped=dual.to(dtype),
+        ppo_kl=ppo_kl.detach(),
     )
 
 
@@ -114,6 +120,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"algorithm.kl_type={kind!r} is not one of k1, k2, k3, low_var_kl")
 
 
+def mean_sequence_kl(seq_kl: torch.Tensor, seq_tokens: torch.Tensor) -> float:
+    """verl's `reward_kl_penalty` metric: each sequence's summed KL over its loss tokens divided
+    by their count (+1e-8, verl's masked mean: a sequence without tokens counts 0), averaged
+    over the sequences. The coefficient is not in it (verl reports it as `_coeff`)."""
+    return float((seq_kl / (seq_tokens + 1e-8)).mean())
+
+
 def tis_weights(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
     """Truncated importance weights min(pi_old / pi_engine, cap) per token, without gradient.
 
@@ -132,7 +145,7 @@ def aggregation_weights(
     `num_tokens` and `num_seqs` count the response tokens and the sequences with at least
     one response token in the WHOLE optimizer step (all ranks, all micro-batches):
       token-mean:              w = m / N_tokens
-      seq-mean-token-mean:     w = m / (n_i N_seqs)          (n_i: tokens of sequence i)
+      seq-mean-token-mean:     w = m / ((n_i + 1e-8) N_seqs) (n_i: tokens of sequence i; + 1e-8 as verl)
       seq-mean-token-sum:      w = m / N_seqs
       seq-mean-token-sum-norm: w = m / (N_seqs max_len)      (Dr. GRPO's constant length)
     """
@@ -141,7 +154,7 @@ def aggregation_weights(
     if mode == "token-mean":
         return mask / tokens
     if mode == "seq-mean-token-mean":
-        return mask / (mask.sum(-1, keepdim=True).clamp(min=1.0) * seqs)
+        return mask / ((mask.sum(-1, keepdim=True) + 1e-8) * seqs)
     if mode == "seq-mean-token-sum":
         return mask / seqs
     if mode == "seq-mean-token-sum-norm":

@@ -54,8 +54,8 @@ class PolicyObjective:
         self.eps_high = cfg.eps_clip_high or cfg.eps_clip
         self.gspo = cfg.advantage_estimator == "gspo"
         self.kl_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward
-        # token sums: clipped high, low, dual, entropy, kl
-        self.sums = torch.zeros(5, device=device)
+        # token sums: clipped high, low, dual, entropy, kl, ppo_kl
+        self.sums = torch.zeros(6, device=device)
         self.tokens = 0.0
 
     def backward(self, model: nn.Module, step: list[MicroBatch], fsdp: MicroBatches) -> torch.Tensor:
@@ -94,16 +94,19 @@ class PolicyObjective:
             if self.kl_loss:
                 per_token = per_token + cfg.kl_coef * kl
         w = aggregation_weights(mb.mask, cfg.agg_mode, tokens, seqs, self.max_response_len)
-        return (per_token * w).sum(), (pl.clipped_high, pl.clipped_low, pl.dual_clipped, entropy, kl)
+        terms = (pl.clipped_high, pl.clipped_low, pl.dual_clipped, entropy, kl, pl.ppo_kl)
+        return (per_token * w).sum(), terms
 
     def metrics(self) -> dict:
-        high, low, dual, entropy, kl = all_reduce_sum(self.sums, self.world_size).tolist()
+        high, low, dual, entropy, kl, ppo_kl = all_reduce_sum(self.sums, self.world_size).tolist()
         per_token = max(self.tokens, 1.0)
+        # verl's names and meanings: pg_clipfrac (the ratio clipped, either side),
+        # pg_clipfrac_lower (the dual clip's cap applied), ppo_kl (mean old logp - logp)
         return {
             "pg_clipfrac": (high + low) / per_token,
             "pg_clipfrac_high": high / per_token,
-            "pg_clipfrac_low": low / per_token,
-            "pg_clipfrac_dual": dual / per_token,
+            "pg_clipfrac_lower": dual / per_token,
+            "ppo_kl": ppo_kl / per_token,
             "kl": kl / per_token,
             "entropy": entropy / per_token,
             "response_tokens": int(self.tokens / self.cfg.ppo_epochs),

@@ -284,9 +284,56 @@ def test_a_greedy_eval_dataset_keeps_temperature_zero():
 
 
 def test_eval_takes_all_prompts_when_the_data_holds_fewer(tmp_path):
+    from infra.data.splits import train_and_eval_rows
     from infra.rollout.eval_sets import EvalSet
 
     data = tmp_path / "few.jsonl"
     data.write_text('{"prompt": "1:", "label": "1"}\n{"prompt": "2:", "label": "2"}\n')
     cfg = load_config(None, [f"data.eval_path={data}", "eval.num_prompts=64"])
-    assert len(EvalSet.default(cfg.data, {}, cfg.eval).rows) == 2
+    _, rows = train_and_eval_rows(cfg, [], {})
+    assert EvalSet.default(rows, cfg.data, cfg.eval).rows == rows and len(rows) == 2
+
+
+SEEDS = ("model.tiny.seed", "rollout.seed", "data.shuffle_seed", "algorithm.seed")
+
+
+def _seeds(cfg) -> list[int]:
+    return [cfg.model.tiny.seed, cfg.rollout.seed, cfg.data.shuffle_seed, cfg.algorithm.seed]
+
+
+def test_one_seed_derives_the_four_unless_they_are_set():
+    assert _seeds(RunConfig()) == [0, 1234, 7, 42]  # seed 0: the seeds each field had on its own
+    assert _seeds(load_config(None, ["seed=7"])) == [7, 1241, 14, 49]
+    assert _seeds(load_config(None, ["seed=4194300"])) == [4194300, 1230, 3, 38]
+    assert _seeds(load_config(None, ["seed=7", "rollout.seed=5"])) == [7, 5, 14, 49]
+    with pytest.raises(ValidationError, match="seed"):
+        load_config(None, ["seed=-1"])
+
+
+def test_a_dumped_config_rederives_its_seeds_from_seed():
+    """What the Prefect form and a saved config hold: derived seeds empty, so changing `seed`
+    there moves them; a seed set explicitly stays."""
+    cfg = load_config(None, ["seed=7", "algorithm.seed=3"])
+    tree = cfg.model_dump(mode="json")
+    assert [tree["model"]["tiny"]["seed"], tree["rollout"]["seed"], tree["data"]["shuffle_seed"]] == [
+        None
+    ] * 3
+    assert RunConfig.model_validate(tree) == cfg
+    assert _seeds(RunConfig.model_validate({**tree, "seed": 8})) == [8, 1242, 15, 3]
+    # a section taken from another config is derived again from this one's seed
+    assert RunConfig(seed=8, rollout=cfg.rollout).rollout.seed == 1242
+
+
+def test_the_checkpoint_identity_holds_the_seeds_a_run_trains_with():
+    from infra.storage.checkpoints import config_hash
+
+    explicit = RunConfig.model_validate(
+        {
+            "model": {"tiny": {"seed": 0}},
+            "rollout": {"seed": 1234},
+            "data": {"shuffle_seed": 7},
+            "algorithm": {"seed": 42},
+        }
+    )
+    assert config_hash(RunConfig()) == config_hash(explicit)  # checkpoints of explicit seeds resume
+    assert config_hash(RunConfig(seed=1)) != config_hash(RunConfig())

@@ -3,6 +3,8 @@ parquet output, determinism and per-sample reward failures."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -179,3 +181,20 @@ def test_batch_is_in_the_object_store_once_generated_and_leaves_with_its_release
             ray.get(actor.batch_ref.remote(0))
     finally:
         ray.shutdown()
+
+
+def test_a_train_file_without_eval_path_evaluates_on_rows_it_never_trains_on(engines, tmp_path):
+    rows = [{"prompt": f"{i % 10}{i // 10}:", "label": str(i % 10)} for i in range(40)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    over = {
+        "data": {"train_path": str(data), "reward": "exact_match"},
+        "eval": {"num_prompts": 64, "n_samples": 2, "pass_k": [1, 2]},
+    }
+    m = manager(engines, tmp_path / "a", **over)
+    (held,) = m.eval_sets
+    assert len(held.rows) == 2  # 5% of 40
+    trained = {r["prompt"] for r in m.source.rows}
+    assert len(trained) == 38 and trained.isdisjoint(r["prompt"] for r in held.rows)
+    assert manager(engines, tmp_path / "b", **over).eval_sets[0].rows == held.rows  # seeded
+    assert m.evaluate(0)["eval_num_samples"] == 2 * 2

@@ -187,7 +187,7 @@ def test_actor_trains_on_per_token_advantages_and_publishes_its_kl(model_dir):
         assert torch.allclose(torch.tensor(got[0][row]), kl[row, p - 1 : p + r - 1], atol=1e-5)
     # the loss of the first step is the mean of whitened advantages (the ratio is 1): zero up
     # to rounding, so what shows that it trained is its gradient
-    assert m["kl_reward_penalty"] != 0 and m["num_steps"] == 1 and m["grad_norm"] > 0
+    assert m["reward_kl_penalty"] != 0 and m["num_steps"] == 1 and m["grad_norm"] > 0
     with pytest.raises(ValueError, match="no values from the critic"):
         train_on_batch(
             actor, optimizer, scheduler, samples, rank=0, world_size=1, cfg=cfg, global_batch_size=4,

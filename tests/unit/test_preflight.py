@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import RunConfig
+from infra.config_files import load_config
 from infra.data.builtin_tasks import builtin_rows
 from infra.handles import RunHandles
 from infra.preflight import PreflightError, preflight
@@ -110,7 +111,12 @@ def test_lengths_fit_the_model_positions(tmp_path):
         tmp_path / "long.jsonl", [{"prompt": "1:", "label": "1"}, {"prompt": "7" * 201, "label": "7"}]
     )
     fails(
-        cfg(tmp_path, data__train_path=long, rollout__prompts_per_rollout=2),
+        cfg(
+            tmp_path,
+            data__train_path=long,
+            data__eval_path="builtin:digit-copy",
+            rollout__prompts_per_rollout=2,
+        ),
         r"data.train_path: row 1 has a prompt of 201 tokens.*64 positions",
         tmp_path / "runs",
     )
@@ -137,12 +143,24 @@ def test_empty_prompts_are_refused_naming_the_row(tmp_path):
 def test_a_batch_larger_than_the_data_is_refused(tmp_path):
     path = jsonl(tmp_path / "three.jsonl", [{"prompt": f"{i}:", "label": str(i)} for i in range(3)])
     fails(
-        cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=4),
+        cfg(tmp_path, data__train_path=path, data__eval_path=path, rollout__prompts_per_rollout=4),
         r"rollout.prompts_per_rollout=4 exceeds the 3 prompts of data.train_path \(.*three.jsonl\)",
         tmp_path / "runs",
     )
     assert (
-        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=3)).num_train_prompts == 3
+        preflight(
+            cfg(tmp_path, data__train_path=path, data__eval_path=path, rollout__prompts_per_rollout=3)
+        ).num_train_prompts
+        == 3
+    )
+    # no data.eval_path: one of the three rows is held out for evaluation, and the count says so
+    fails(
+        cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=3),
+        r"exceeds the 2 prompts of data.train_path \(.*three.jsonl; 1 more held out for evaluation",
+        tmp_path / "runs",
+    )
+    assert (
+        preflight(cfg(tmp_path, data__train_path=path, rollout__prompts_per_rollout=2)).num_train_prompts == 2
     )
 
 
@@ -258,15 +276,26 @@ def test_oversubscribed_local_cluster_is_reported(tmp_path):
     )  # a real cluster: its business
 
 
-def test_oversubscription_counts_the_critic_ranks(monkeypatch):
+def test_the_default_cluster_fits_two_cores_and_oversubscription_is_reported(monkeypatch):
     from infra.preflight import oversubscription
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    grpo = RunConfig()  # 2 trainer ranks + 1 engine: 3 of 4 cores
-    assert oversubscription(grpo) == []
-    ppo = RunConfig.model_validate({"algorithm": {"advantage_estimator": "ppo"}, "critic": {"enabled": True}})
-    (warning,) = oversubscription(ppo)  # + 2 critic ranks: 5 of 4
-    assert "2 critic ranks" in warning and "want 5 cores" in warning
+    def warned(cores: int, *overrides: str) -> list[str]:
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        return oversubscription(load_config(None, list(overrides)))
+
+    # the README's machine: 2 trainer ranks + 1 single-threaded engine sharing 2 cores
+    assert warned(2) == [] and warned(2, "mode=sync") == []
+    assert "2 trainer ranks x threads_per_worker=1 train together and want 2 cores" in warned(1)[0]
+    (critic,) = warned(2, "algorithm.advantage_estimator=ppo", "critic.enabled=true")
+    assert "2 critic ranks" in critic and "want 4 cores" in critic
+    assert warned(4, "algorithm.advantage_estimator=ppo", "critic.enabled=true") == []
+    (engines,) = warned(2, "cluster.engines.num_workers=3")
+    assert "3 engines" in engines and "want 3 cores" in engines
+    # multi-threaded processes must not share cores while generating and training at once
+    (omp,) = warned(4, "cluster.threads_per_worker=2")
+    assert "want 6 cores" in omp
+    assert warned(4, "cluster.threads_per_worker=2", "mode=sync") == []
+    assert warned(6, "cluster.threads_per_worker=2") == []
 
 
 def test_an_sglang_engine_needs_an_interpreter_that_finds_sglang(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from infra.config import ModelConfig, TinyModelConfig
+from infra.config import ModelConfig, RunConfig, TinyModelConfig
 from infra.model.loading import base_model_uri, tiny_model_dir
 from infra.model.tiny import build_tiny_model
 
@@ -29,6 +29,9 @@ def test_the_cached_model_is_the_built_one_and_is_built_once(tmp_path):
     assert os.stat(cached / "model.safetensors").st_mtime_ns == stamp  # not built again
     other = tiny_model_dir(TinyModelConfig(seed=3), str(tmp_path / "cache"))
     assert other != cached
+    # a seed derived from the run's `seed` names its cached model as the same seed set explicitly
+    assert tiny_model_dir(RunConfig(seed=3).model.tiny, str(tmp_path / "cache")) == other
+    assert tiny_model_dir(RunConfig().model.tiny, str(tmp_path / "cache")) == cached
     assert not torch.equal(load_file(str(other / "model.safetensors"))[next(iter(a))], a[next(iter(a))])
     # nothing half-built is left beside the cached models
     assert sorted(p.name for p in (tmp_path / "cache" / "tiny").iterdir()) == sorted(

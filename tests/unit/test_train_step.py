@@ -13,6 +13,7 @@ import torch
 from infra.config import AlgorithmConfig, TinyModelConfig
 from infra.model.tiny import build_tiny_model
 from infra.rollout.batch import Sample
+from infra.trainer.losses import token_logprobs
 from infra.trainer.nonfinite import NonFiniteStateError, assert_finite_state
 from infra.trainer.step import train_on_batch
 
@@ -135,10 +136,27 @@ def test_kl_in_reward_penalises_the_reward(model_dir):
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    m = _train(model, _samples(), ref=ref, kl_coef=0.5, kl_in_reward=True, kl_type="k1")
-    # k1 summed over a sequence is sum(logp - ref): any sign; the penalty is reported and the loss
-    # has no KL term (the "kl" metric is still measured)
-    assert m["kl_reward_penalty"] != 0 and math.isfinite(m["loss"])
+    samples = _samples()
+    long = next(s for s in samples if len(s.response_ids) >= 3)
+    long.loss_mask = [1, 0] + [1] * (len(long.response_ids) - 2)  # a token the environment wrote
+    # verl's reward_kl_penalty: per sequence the mean k1 (old logp - ref) over its loss tokens,
+    # averaged over the sequences; the old policy is the model before its first step
+    per_seq = []
+    for s in samples:
+        kl = _response_logprobs(model, s) - _response_logprobs(ref, s)
+        keep = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * len(s.response_ids))
+        per_seq.append(float((kl * keep).sum() / keep.sum()))
+    m = _train(model, samples, ref=ref, kl_coef=0.5, kl_in_reward=True, kl_type="k1")
+    assert m["reward_kl_penalty"] == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-4, abs=1e-6)
+    assert m["reward_kl_penalty"] != 0 and m["reward_kl_penalty_coeff"] == 0.5
+    assert math.isfinite(m["loss"])  # the loss has no KL term; the "kl" metric is still measured
+
+
+def _response_logprobs(model, s: Sample) -> torch.Tensor:
+    ids = torch.tensor([s.prompt_ids + s.response_ids])
+    with torch.no_grad():
+        logp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:], 1.0)[0]
+    return logp[len(s.prompt_ids) - 1 :]
 
 
 def test_a_one_step_batch_has_no_old_policy_pass(model_dir):
@@ -150,6 +168,17 @@ def test_a_one_step_batch_has_no_old_policy_pass(model_dir):
     # second step's weights are not the old policy's, so a pass of their own runs first
     assert len(forwards_one) == 4
     assert len(forwards_two) == 8
+
+
+def test_ppo_kl_and_the_clip_fractions_under_verls_names(model_dir):
+    one = _train(_model(model_dir), _samples(), gbs=8)
+    two = _train(_model(model_dir), _samples(), gbs=4)
+    # ppo_kl: mean old logp - logp; 0 in a step on the old policy's own weights, not after a step
+    assert one["ppo_kl"] == 0.0 and two["ppo_kl"] != 0.0
+    for m in (one, two):
+        assert {"pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_lower", "ppo_kl"} <= set(m)
+        assert not {"pg_clipfrac_low", "pg_clipfrac_dual"} & set(m)
+        assert 0 <= m["pg_clipfrac_lower"] <= 1 and m["pg_clipfrac_high"] <= m["pg_clipfrac"]
 
 
 def test_old_logprobs_from_the_step_train_as_a_pass_of_their_own(model_dir):
