@@ -21,6 +21,8 @@ from pydantic import (
 )
 
 RESUME_MODES = ("never", "fresh", "auto")
+# The layers the built-in engine applies a LoRA adapter to itself (weight_sync.lora=adapter)
+BUILTIN_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Lowest sampling temperature of a run. The trainer takes logprobs of logits / T; far below
 # this they turn into 0 / -inf (1e-30 gives NaN losses), and the samples of a GRPO group
 # become copies of the greedy answer, with no learning signal. Evaluation may ask for 0.
@@ -932,6 +934,14 @@ class RunConfig(_Section):
         if self.weight_sync.lora == "adapter" and self.model.lora is None:
             raise ValueError(
                 "weight_sync.lora=adapter sends a LoRA adapter: set model.lora (or weight_sync.lora=merged)"
+            )
+        unserved = (
+            sorted(set(self.model.lora.target_modules) - set(BUILTIN_LORA_TARGETS)) if self.model.lora else []
+        )
+        if self.weight_sync.lora == "adapter" and self.rollout.engine == "torch" and unserved:
+            raise ValueError(
+                f"model.lora.target_modules: the built-in engine applies adapters to "
+                f"{list(BUILTIN_LORA_TARGETS)} only, not {unserved}; use weight_sync.lora=merged"
             )
         if self.weight_sync.lora == "adapter" and self.rollout.generate_fn is not None:
             raise ValueError(

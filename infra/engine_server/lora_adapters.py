@@ -20,10 +20,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from infra.config import BUILTIN_LORA_TARGETS
 from infra.engine_server.protocol import BadRequest
 
-# The projections the engine applies adapters to (SGLang's list for Llama-like models).
-SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The decoder projections the engine applies adapters to; the config refuses others early
+SUPPORTED_TARGETS = BUILTIN_LORA_TARGETS
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 # adapter_config.json fields that, set, ask for something other than W x + (alpha/r) B A x
 _REFUSED = {

@@ -18,7 +18,9 @@ LORA = "model.lora.target_modules=[q_proj,v_proj,down_proj,lm_head]"
 
 def _run(tmp_path, name: str, *overrides: str) -> tuple[RunStore, list[dict]]:
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"q": f"{i % 10}{i // 10}:", "a": str(i % 10)}) + "\n" for i in range(64)))
+    data.write_text(
+        "".join(json.dumps({"q": f"{i % 10}{i // 10}:", "a": str(i % 10)}) + "\n" for i in range(64))
+    )
     cfg = load_config(
         None,
         [
@@ -73,7 +75,11 @@ def test_merged_adapter_reaches_the_engine(prefect_api, tmp_path, method):
 
 def test_adapter_only_reaches_the_engine(prefect_api, tmp_path):
     store, rows = _run(
-        tmp_path, "lora-adapter", "weight_sync.lora=adapter", "weight_sync.check_weight_update_equal=true"
+        tmp_path,
+        "lora-adapter",
+        "weight_sync.lora=adapter",
+        "weight_sync.check_weight_update_equal=true",
+        "model.lora.target_modules=[q_proj,v_proj,down_proj]",  # the built-in engine's layers
     )
     _assert_engine_matches_trainer(rows)
     for r in rows:  # the engine's own weights stay the frozen base the trainer holds
