@@ -22,7 +22,16 @@ from pydantic import (
 
 RESUME_MODES = ("never", "fresh", "auto")
 # The layers the built-in engine applies a LoRA adapter to itself (weight_sync.lora=adapter)
-BUILTIN_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BUILTIN_LORA_TARGETS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "lm_head",
+)
 # Lowest sampling temperature of a run. The trainer takes logprobs of logits / T; far below
 # this they turn into 0 / -inf (1e-30 gives NaN losses), and the samples of a GRPO group
 # become copies of the greedy answer, with no learning signal. Evaluation may ask for 0.

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# every linear layer of a Llama, the output layer too (configs/lora.yaml trains one there)
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
 def make_adapter(

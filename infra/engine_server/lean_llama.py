@@ -223,6 +223,9 @@ class LeanLlamaDecoder:
         self.fuse, self.norm_eps, self.norm_w = fuse, core.norm.variance_epsilon, core.norm.weight
         self.norm_eps_t = self.embed.new_full((1,), self.norm_eps)
         self.lm_head = model.lm_head.weight * core.norm.weight if fuse else model.lm_head.weight
+        head = lora.modules if lora else {}
+        rows = self.lm_head.shape[0]
+        self.lm_head_lora = stacked(head, [("lm_head", rows, None)], core.norm.weight if fuse else None)
         rows, width = prompt_mask.shape
         self.total = total = width + max_new_tokens
         dtype, device = self.embed.dtype, self.embed.device
@@ -287,4 +290,5 @@ class LeanLlamaDecoder:
         self.filled = end
         last = h.view(rows, length, -1)[:, -1]
         normed = _unit_rms(last, self.norm_eps_t) if self.fuse else _rms(last, self.norm_w, self.norm_eps)
-        return F.linear(normed, self.lm_head)
+        logits = F.linear(normed, self.lm_head)
+        return logits if self.lm_head_lora is None else self.lm_head_lora.add(logits, normed)

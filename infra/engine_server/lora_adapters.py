@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from infra.config import BUILTIN_LORA_TARGETS
 from infra.engine_server.protocol import BadRequest
 
-# The decoder projections the engine applies adapters to; the config refuses others early
+# The linear layers the engine applies adapters to; the config refuses others early
 SUPPORTED_TARGETS = BUILTIN_LORA_TARGETS
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 # adapter_config.json fields that, set, ask for something other than W x + (alpha/r) B A x
@@ -42,6 +42,8 @@ _REFUSED = {
     "alora_invocation_tokens": "activated LoRA",
 }
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
+# peft also saves the frozen weight of an adapted output (or input) embedding layer
+_BASE_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.base_layer\.weight$")
 _LAYER = re.compile(r"(?:^|\.)layers\.(?P<index>\d+)\.(?:self_attn|mlp)\.(?P<proj>\w+)$")
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -53,8 +55,8 @@ class LoraAdapter:
     path: str
     rank: int
     scaling: float
-    # per module of the model ("model.layers.0.self_attn.q_proj"): A [r, in] and
-    # scaling * B [out, r], in the model's dtype and on its device
+    # per module of the model ("model.layers.0.self_attn.q_proj", "lm_head"): A [r, in]
+    # and scaling * B [out, r], in the model's dtype and on its device
     modules: dict[str, Pair]
 
     def layer(self, index: int) -> dict[str, Pair]:
@@ -110,10 +112,26 @@ def _read_files(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
         raise BadRequest(f"{WEIGHTS_FILE}: cannot read it: {exc}") from exc
 
 
-def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+def _same_base(key: str, tensor: torch.Tensor, model: torch.nn.Module) -> None:
+    """A saved base weight must be the model's own: the adapter was trained on it."""
+    module_name = _BASE_KEY.match(key)["module"]
+    try:
+        weight = model.get_submodule(module_name).weight
+    except AttributeError:
+        weight = None
+    if weight is None or tensor.shape != weight.shape or not torch.equal(tensor.to(weight), weight):
+        raise BadRequest(
+            f"{WEIGHTS_FILE}: {key!r} is not this model's {module_name} weight (an adapter of another base model?)"
+        )
+
+
+def _pairs(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, dict[str, torch.Tensor]]:
     """The tensors by module name, then "A" / "B"."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
+        if _BASE_KEY.match(key):
+            _same_base(key, tensor, model)
+            continue
         match = _KEY.match(key)
         if match is None:
             raise BadRequest(f"{WEIGHTS_FILE}: {key!r} is not a LoRA A or B weight of a linear layer")
@@ -150,7 +168,7 @@ def read_adapter(name: str, path: str, model: torch.nn.Module) -> LoraAdapter:
         raise BadRequest(f"lora_path: {path!r} is not a directory on the engine's machine")
     config, tensors = _read_files(path)
     rank, alpha, targets = check_config(config)
-    pairs = _pairs(tensors)
+    pairs = _pairs(tensors, model)
     if not pairs:
         raise BadRequest(f"{WEIGHTS_FILE}: holds no LoRA weights")
     weight = model.get_input_embeddings().weight

@@ -27,7 +27,10 @@ def test_lora_defaults_and_full_fine_tuning():
         ({"model": {"lora": {"dropout": 1.0}}}, "dropout"),
         ({"model": {"lora": {"rank": 8}}}, "rank"),
         (
-            {"model": {"lora": {"target_modules": ["q_proj", "lm_head"]}}, "weight_sync": {"lora": "adapter"}},
+            {
+                "model": {"lora": {"target_modules": ["q_proj", "embed_tokens"]}},
+                "weight_sync": {"lora": "adapter"},
+            },
             "model.lora.target_modules",
         ),
         (
@@ -46,10 +49,11 @@ def test_refused_with_the_field_named(sections, field):
 
 
 def test_what_only_the_builtin_engine_refuses():
-    # lm_head: merged weights carry it to any engine; SGLang applies it as an adapter too
-    _cfg(model={"lora": {"target_modules": ["lm_head"]}})
+    # embed_tokens: merged weights carry it to any engine; SGLang applies it as an adapter too
+    _cfg(model={"lora": {"target_modules": ["embed_tokens"]}})
+    _cfg(model={"lora": {"target_modules": ["q_proj", "lm_head"]}}, weight_sync={"lora": "adapter"})
     _cfg(
-        model={"lora": {"target_modules": ["q_proj", "lm_head"]}},
+        model={"lora": {"target_modules": ["q_proj", "embed_tokens"]}},
         weight_sync={"lora": "adapter"},
         rollout={"engine": "sglang"},
         cluster={"engines": {"gpus_per_worker": 1}},

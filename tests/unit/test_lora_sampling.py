@@ -17,7 +17,7 @@ from infra.engine_server.lora_adapters import read_adapter
 from infra.engine_server.protocol import BadRequest
 from infra.engine_server.sampling import sample_batch
 from infra.model.tiny import build_tiny_model
-from tests.lora import Reference, make_adapter, max_diff
+from tests.lora import ALL_TARGETS, Reference, make_adapter, max_diff
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20], [1, 30, 31, 32, 33]]
 TOLERANCE = 1e-4
@@ -38,7 +38,7 @@ def model(model_dir: Path):
 
 @pytest.fixture(scope="module")
 def adapter_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_adapter(model_dir, tmp_path_factory.mktemp("adapter"), seed=1)
+    return make_adapter(model_dir, tmp_path_factory.mktemp("adapter"), seed=1, targets=ALL_TARGETS)
 
 
 def _sampled(model, adapter, seed: int = 0):
@@ -60,6 +60,7 @@ def test_adapted_logprobs_are_peft_s(model, model_dir, adapter_dir, path, monkey
     if path == "transformers":
         monkeypatch.setattr(lean_llama, "supports", lambda model: False)
     adapter = read_adapter("a1", str(adapter_dir), model)
+    assert "lm_head" in adapter.modules and len(adapter.modules) == 7 * 2 + 1
     outs = _sampled(model, adapter)
     adapted, base = Reference(model_dir, adapter_dir), Reference(model_dir)
     diffs = [max_diff(adapted, p, o.output_ids, o.logprobs) for p, o in zip(PROMPTS, outs, strict=True)]
@@ -111,7 +112,7 @@ def _edited(adapter_dir: Path, tmp_path: Path, **changes) -> Path:
         ({"rank_pattern": {"q_proj": 8}}, "rank_pattern"),
         ({"bias": "all"}, "bias"),
         ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-        ({"target_modules": ["q_proj", "lm_head"]}, "target_modules"),
+        ({"target_modules": ["q_proj", "embed_tokens"]}, "target_modules"),
         ({"target_modules": ".*proj"}, "target_modules"),
         ({"r": 8}, "adapter_model.safetensors"),  # the tensors are rank 4
         ({"peft_type": "IA3"}, "peft_type"),
@@ -124,10 +125,26 @@ def test_what_the_engine_cannot_serve_is_refused_naming_the_field(
         read_adapter("bad", str(_edited(adapter_dir, tmp_path, **changes)), model)
 
 
+def test_an_adapter_saved_with_other_output_layer_weights_is_refused(model, adapter_dir, tmp_path):
+    """peft saves an adapted lm_head's frozen weight beside its A and B: it must be the model's."""
+    from safetensors.torch import load_file, save_file
+
+    copy = Path(shutil.copytree(adapter_dir, tmp_path / "other-head"))
+    tensors = load_file(copy / "adapter_model.safetensors")
+    key = "base_model.model.lm_head.base_layer.weight"
+    assert torch.equal(tensors[key], model.lm_head.weight)
+    save_file({**tensors, key: tensors[key] + 1e-3}, copy / "adapter_model.safetensors")
+    with pytest.raises(BadRequest, match="not this model's lm_head weight"):
+        read_adapter("other-head", str(copy), model)
+
+
 def test_an_adapter_of_another_base_model_or_no_adapter_is_refused(model, tmp_path):
     other = build_tiny_model(tmp_path / "other", TinyModelConfig(hidden_size=32, intermediate_size=64))
-    with pytest.raises(BadRequest, match="another base model"):
+    with pytest.raises(BadRequest, match="lm_head weight .*another base model"):
         read_adapter("other", str(make_adapter(other, tmp_path / "other-adapter", seed=1)), model)
+    projections = make_adapter(other, tmp_path / "other-projections", seed=1, targets=["q_proj"])
+    with pytest.raises(BadRequest, match="this model needs A .*another base model"):
+        read_adapter("other", str(projections), model)
     with pytest.raises(BadRequest, match="^lora_path: .*not a directory"):
         read_adapter("missing", str(tmp_path / "nothing-here"), model)
     with pytest.raises(BadRequest, match="^lora_path: .*no adapter_config.json"):
