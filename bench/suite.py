@@ -78,6 +78,7 @@ BENCHES: list[Bench] = [
     Bench("bench.seed_robustness", timeout_s=3600),
     Bench("bench.memory_growth"),
     Bench("bench.scaling"),
+    Bench("bench.lora_compare"),
 ]
 
 
