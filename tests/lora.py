@@ -59,3 +59,29 @@ def max_diff(reference: Reference, prompt: list[int], output: list[int], logprob
     want = reference.logprobs(prompt, output)
     assert len(want) == len(logprobs) > 0
     return max(abs(a - b) for a, b in zip(want, logprobs, strict=True))
+
+
+def assert_unload_waits(client, name: str, inputs: int, tokens: int, hold_s: float, reply_s: float) -> None:
+    """Unload adapter `name` while a generation of `inputs` x `tokens` tokens uses it: the
+    unload must answer as that generation ends (within `reply_s` of it, the reply's own
+    travel), not at once, and the generation must run to its end. `hold_s`: how long after
+    the request starts the adapter is surely held by it."""
+    import threading
+    import time
+
+    long = {"max_new_tokens": tokens, "temperature": 1.0, "ignore_eos": True}
+    result: dict = {}
+
+    def generate() -> None:
+        result["outs"] = client.generate([[1, 9 + i] for i in range(inputs)], long, lora_path=name)
+        result["done"] = time.monotonic()
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    time.sleep(hold_s)
+    assert thread.is_alive(), "the generation ended before the unload: make it longer"
+    client.unload_lora_adapter(name)
+    unloaded = time.monotonic()
+    thread.join(300)
+    assert result["done"] - unloaded < reply_s
+    assert all(len(out["output_ids"]) == tokens for out in result["outs"])

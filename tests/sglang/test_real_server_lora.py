@@ -13,8 +13,6 @@ unload answers once the generation using the adapter has ended.
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 import torch
 
 from infra.engines.client import EngineClient, EngineError
-from tests.lora import ALL_TARGETS, Reference, make_adapter, max_diff
+from tests.lora import ALL_TARGETS, Reference, assert_unload_waits, make_adapter, max_diff
 from tests.sglang.servers import RealServer, assert_no_kernel_calls, long_context_model, real_sglang_server
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
@@ -121,20 +119,4 @@ def test_an_adapter_serves_without_its_directory_and_an_unloaded_one_comes_back_
 
 def test_an_unload_waits_for_the_generation_using_the_adapter(client, adapters, tmp_path):
     client.load_lora_adapter("v8", str(shutil.copytree(adapters["a2"], tmp_path / "v8")))
-    long = {"max_new_tokens": 900, "temperature": 1.0, "ignore_eos": True}
-    result: dict = {}
-
-    def generate() -> None:
-        result["outs"] = client.generate([[1, 9 + i] for i in range(16)], long, lora_path="v8")
-        result["done"] = time.monotonic()
-
-    thread = threading.Thread(target=generate)
-    thread.start()
-    time.sleep(2.0)  # the request holds the adapter by now
-    assert thread.is_alive(), "the generation ended before the unload: make it longer"
-    client.unload_lora_adapter("v8")
-    unloaded = time.monotonic()
-    thread.join(300)
-    # the unload answered as the generation ended (its reply still had to travel), not at once
-    assert result["done"] - unloaded < 1.0
-    assert all(len(out["output_ids"]) == 900 for out in result["outs"])
+    assert_unload_waits(client, "v8", inputs=16, tokens=900, hold_s=2.0, reply_s=1.0)

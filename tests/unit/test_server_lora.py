@@ -7,8 +7,6 @@ unload waits for the generation using the adapter; one request may mix adapters.
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from infra.config import TinyModelConfig
 from infra.engines.client import EngineClient, EngineError
 from infra.model.tiny import build_tiny_model
 from tests.engine_server import running_engine
-from tests.lora import Reference, make_adapter, max_diff
+from tests.lora import Reference, assert_unload_waits, make_adapter, max_diff
 
 PROMPTS = [[1, 5, 6, 7], [1, 20], [1, 30, 31]]
 SAMPLING = {"max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True}
@@ -114,22 +112,6 @@ def test_an_unloaded_name_is_loaded_again_on_request_unless_its_directory_is_gon
 def test_an_unload_waits_for_the_generation_using_the_adapter(client, adapters, tmp_path):
     path = shutil.copytree(adapters["a2"], tmp_path / "v8")
     client.load_lora_adapter("v8", str(path))
-    long = {"max_new_tokens": 1500, "temperature": 1.0, "ignore_eos": True}
-    result: dict = {}
-
-    def generate() -> None:
-        result["outs"] = client.generate([[1, 9 + i] for i in range(32)], long, lora_path="v8")
-        result["done"] = time.monotonic()
-
-    thread = threading.Thread(target=generate)
-    thread.start()
-    time.sleep(1.0)  # the request holds the adapter by now
-    assert thread.is_alive(), "the generation ended before the unload: make it longer"
-    client.unload_lora_adapter("v8")
-    unloaded = time.monotonic()
-    thread.join(120)
-    # the unload answered as the generation ended (its reply still had to travel and parse),
-    # not at once, seconds before
-    assert result["done"] - unloaded < 0.5
-    assert all(len(out["output_ids"]) == 1500 for out in result["outs"])
+    # the reply still has to travel and parse: within 0.5 s of the generation's end
+    assert_unload_waits(client, "v8", inputs=32, tokens=1500, hold_s=1.0, reply_s=0.5)
     assert "v8" not in client.load_lora_adapter("v9", str(adapters["a2"]))
