@@ -579,6 +579,54 @@ class AlgorithmConfig(_SeededSection):
         return self
 
 
+class SFTConfig(_Section):
+    """Supervised fine-tuning on labelled (prompt, answer) rows: the warm start that
+    `python -m flows.pipeline` runs on the trainer ranks before RL (docs/SFT.md)."""
+
+    data_path: str | None = Field(
+        None,
+        description="Labelled rows: jsonl, json or parquet (local or s3://) with the prompt in column "
+        "data.prompt_key and the answer in sft.answer_key, or `builtin:<task>` (the task's labelled split: "
+        "its train prompts with their answers, none of its eval prompts). Empty: the built-in task of "
+        "data.train_path.",
+    )
+    answer_key: str = Field("label", description="Column holding the answer, the response trained on.")
+    append_eos: bool = Field(
+        True,
+        description="End every answer with the tokenizer's end-of-sequence token, so the model learns "
+        "to stop where the answer ends.",
+    )
+    epochs: int = Field(3, ge=1, description="Passes over the labelled rows, each in a new shuffled order.")
+    batch_size: int = Field(
+        16,
+        ge=1,
+        description="Examples per optimizer step, over all trainer ranks (divisible by their number); "
+        "each epoch takes rows // batch_size steps, and the rows left over wait for the next epoch's order.",
+    )
+    micro_batch_size: int = Field(16, ge=1, description="Examples per forward/backward on one rank.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas, each in [0, 1).")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "cosine",
+        description="LR after the warm-up: `constant`, or `linear`/`cosine` decay to lr x min_lr_ratio at "
+        "the last step (epochs x steps per epoch).",
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
+    )
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    seed: int = Field(0, description="Seed of the epochs' shuffled orders and of the trainer.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError(f"sft.betas={list(value)}: each must lie in [0, 1) (AdamW)")
+        return value
+
+
 class CriticConfig(_Section):
     """The value model of PPO: a scalar head on the policy's transformer, trained by its own ranks."""
 
@@ -841,6 +889,10 @@ class RunConfig(_Section):
         default_factory=CheckpointConfig, description="Checkpoints and resume."
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    sft: SFTConfig = Field(
+        default_factory=SFTConfig,
+        description="Supervised warm start before RL (`python -m flows.pipeline`; `flows.train` ignores it).",
+    )
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="TensorBoard, wandb or MLflow logging of metrics."
     )
@@ -937,6 +989,15 @@ class RunConfig(_Section):
         if self.cluster.colocate:
             self._check_colocation()
         self._check_lora()
+        return self
+
+    @model_validator(mode="after")
+    def _sft_batch_fits_ranks(self) -> RunConfig:
+        ranks = self.cluster.trainer.num_workers
+        if self.sft.batch_size % ranks:
+            raise ValueError(
+                f"sft.batch_size={self.sft.batch_size} must be divisible by cluster.trainer.num_workers={ranks}"
+            )
         return self
 
     def _check_lora(self) -> None:

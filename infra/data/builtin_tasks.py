@@ -25,6 +25,10 @@ means the model reads the prompt, and eval accuracy means it generalises.
   (20 prompts, shuffled); train is the other 80. Every answer is one prompt's, so a constant
   answer matches at most 1/80 of train and 1/20 of eval exactly; under `char_match` the best
   constant scores 0.106 on train and 0.15 on eval (`tests/unit/test_builtin_tasks.py`).
+
+Every task also has a labelled `sft` split for the supervised warm start (docs/SFT.md): its
+train prompts, each once, with their answers. It holds none of the eval prompts, so a model
+fine-tuned on it is still evaluated on prompts it never saw.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Literal
 
 import numpy as np
 
-Split = Literal["train", "eval"]
+Split = Literal["train", "eval", "sft"]
 
 # Fixed, not configurable: the splits must never change between runs or resumes.
 _DIGIT_ADD_SPLIT_SEED = 20240601
@@ -138,13 +142,14 @@ EPOCH_ROWS = 640
 def builtin_rows(name: str, split: Split) -> list[dict]:
     """Rows `{"prompt", "label"}` of built-in task `name`; the same list on every call.
 
-    The train split repeats the task's prompts up to at least EPOCH_ROWS rows.
+    The train split repeats the task's prompts up to at least EPOCH_ROWS rows; the sft split
+    is the train prompts once each, the label the answer to train on.
     """
     if name not in _TASKS:
         raise ValueError(f"unknown built-in task {name!r}; known: {', '.join(BUILTIN_TASKS)}")
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    rows = _TASKS[name](split)
+    if split not in ("train", "eval", "sft"):
+        raise ValueError(f"split must be 'train', 'eval' or 'sft', got {split!r}")
+    rows = _TASKS[name]("eval" if split == "eval" else "train")
     if split == "train":
         rows = rows * -(-EPOCH_ROWS // len(rows))
     return rows

@@ -110,7 +110,9 @@ class FSDPRank:
         warmup: int,
         kind: str,
         min_ratio: float,
+        total: int | None = None,
     ) -> None:
+        """AdamW over what trains, and its LR schedule over `total` steps (default: the RL run's)."""
         import torch
         from torch.optim.lr_scheduler import LambdaLR
 
@@ -118,7 +120,11 @@ class FSDPRank:
         trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, weight_decay=weight_decay)
         schedule = partial(
-            lr_factor, warmup=warmup, total=self.cfg.total_optimizer_steps, kind=kind, min_ratio=min_ratio
+            lr_factor,
+            warmup=warmup,
+            total=self.cfg.total_optimizer_steps if total is None else total,
+            kind=kind,
+            min_ratio=min_ratio,
         )
         self.scheduler = LambdaLR(self.optimizer, schedule)
 

@@ -144,6 +144,43 @@ class TrainerRank(FSDPRank):
             "checkpoint_writing": self._writing is not None,
         }
 
+    # --- supervised warm start (infra/trainer/sft.py) -------------------------------------
+
+    def setup_sft(self, model_uri: str, storage_options: dict, master_addr: str, master_port: int) -> dict:
+        """Join the trainer group, load the model, the labelled examples (tokenized here, the
+        same on every rank) and an optimizer with the `sft` section's settings."""
+        import torch
+
+        from infra.data.labelled import sft_rows, tokenize_examples
+        from infra.model.tokenizer import load_tokenizer
+        from infra.trainer.sft import steps_per_epoch
+
+        self.model_dir = localize(model_uri, storage_options)
+        self._join(master_addr, master_port)
+        sft = self.cfg.sft
+        torch.manual_seed(sft.seed)
+        self.model = self._load(self.model_dir, trainable=True)
+        rows = sft_rows(self.cfg, storage_options)
+        self._examples, dropped = tokenize_examples(self.cfg, rows, load_tokenizer(self.model_dir))
+        steps = steps_per_epoch(len(self._examples), sft.batch_size)
+        self._optimize(
+            sft.lr, sft.betas, sft.weight_decay, sft.warmup_steps, sft.lr_schedule, sft.min_lr_ratio,
+            total=sft.epochs * steps,
+        )  # fmt: skip
+        self.ref_model = None
+        return {"examples": len(self._examples), "dropped": dropped, "steps_per_epoch": steps}
+
+    def sft_epoch(self, epoch: int) -> dict:
+        """One epoch of SFT steps (every rank must call it: the steps are collective)."""
+        from infra.trainer.sft import train_sft_epoch
+
+        start = time.perf_counter()
+        metrics = train_sft_epoch(
+            self.model, self.optimizer, self.scheduler, self._examples, epoch,
+            rank=self.rank, world_size=self.world_size, cfg=self.cfg.sft,
+        )  # fmt: skip
+        return {**metrics, "epoch": epoch, "time_sft_epoch_s": time.perf_counter() - start}
+
     # --- weight sync: the rank-side half of infra/weights (gathers are collective) -------
 
     @ray.method(concurrency_group="restore")  # also after an engine restart, beside training

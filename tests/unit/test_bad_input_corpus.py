@@ -175,7 +175,7 @@ def test_prompt_file(tmp_path: Path, name: str, content, error: type[Exception],
     [
         ("/no/such/prompts.jsonl", FileNotFoundError, "prompt file not found: /no/such/prompts.jsonl"),
         ("builtin:no-such-task", ValueError, "unknown built-in task 'no-such-task'"),
-        ("builtin:digit-copy:test", ValueError, "split must be 'train' or 'eval', got 'test'"),
+        ("builtin:digit-copy:test", ValueError, "split must be 'train', 'eval' or 'sft', got 'test'"),
     ],
     ids=["missing-file", "unknown-builtin", "unknown-split"],
 )

@@ -28,6 +28,14 @@ def test_train_and_eval_are_disjoint_and_deterministic(name: str) -> None:
     assert builtin_rows(name, "train") == train and builtin_rows(name, "eval") == eval_
 
 
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_the_labelled_sft_split_is_the_train_prompts_once_and_no_eval_prompt(name: str) -> None:
+    labelled, train, eval_ = (builtin_rows(name, s) for s in ("sft", "train", "eval"))
+    assert labelled == _distinct(train)  # each train prompt once, with the answer RL rewards
+    assert not {r["prompt"] for r in labelled} & {r["prompt"] for r in eval_}
+    assert builtin_rows(name, "sft") == labelled
+
+
 def test_digit_add_split_is_disjoint_fixed_and_complete() -> None:
     train, eval_ = builtin_rows("digit-add", "train"), builtin_rows("digit-add", "eval")
     train_prompts, eval_prompts = {r["prompt"] for r in train}, {r["prompt"] for r in eval_}
