@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import threading
+from collections.abc import Callable
 
 from prefect import Flow
 
 from flows.prefect_on_ray import ApiServerStart, worker_env
 from infra import startup
 from infra.cluster.ray_cluster import ray_session
+from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import already_finished
 
@@ -34,18 +36,25 @@ def _preload() -> None:
         importlib.import_module(module)
 
 
-def launch(train: Flow, argv: list[str] | None, description: str) -> int:
+def launch(
+    train: Flow,
+    argv: list[str] | None,
+    description: str,
+    prog: str = "python -m flows.train",
+    finished: Callable[[RunConfig], str | None] | None = already_finished,
+) -> int:
     """Parse `[--config FILE] key.path=value ...`, start what the run needs and run `train`;
-    the process's exit status (0 when the flow run completed)."""
-    parser = argparse.ArgumentParser(prog="python -m flows.train", description=description)
+    the process's exit status (0 when the flow run completed). `finished` says why there is
+    nothing to do (then nothing starts); None: always run."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML file with RunConfig fields")
     parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup.mark("config")
-    finished = already_finished(config)  # nothing to do: start neither Ray nor the API
-    if finished:
-        print(finished, flush=True)
+    done = finished(config) if finished is not None else None  # nothing to do: start neither Ray nor the API
+    if done:
+        print(done, flush=True)
         return 0
     # Start-up work that does not depend on each other runs side by side: the Prefect API
     # server boots in its process, the trainer/engine code imports in a thread, Ray starts here.

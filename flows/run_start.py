@@ -25,6 +25,7 @@ from tasks.train_critic import train_critic
 
 if TYPE_CHECKING:
     from infra.handles import RunHandles
+    from infra.system import RLSystem
 
 # What a Ray worker imports to run a task run; loaded while the engines start, not during
 # the first iterations (Prefect imports lazily: `import prefect` alone defers most of it).
@@ -74,8 +75,14 @@ def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, object]]:
     and states reach the API before Ray stops the workers."""
     from infra.system import RLSystem  # noqa: PLC0415 - torch & co: flows/launch.py imports it beside Ray's start
 
+    with started(RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)) as (run, handles):
+        yield run, handles
+
+
+@contextmanager
+def started(system: RLSystem) -> Iterator[tuple[object, object]]:
+    """`started_system` for any system: an RLSystem or a pipeline stage's (infra/stage_systems.py)."""
     log = get_run_logger()
-    system = RLSystem(config, worker_env(), warm_imports=WORKER_IMPORTS)
     with system as run, remote_options(**CONTROL_OPTIONS), task_runs_reported():
         log.info("placement (node ids): %s", system.placement)
         log.info("process ids: %s", system.pids)  # what to look for when a process dies

@@ -6,6 +6,9 @@ that takes another run's checkpoint for its own). `checkpoint.resume` says what 
 - `never`: refuse, before anything starts, naming the folder and the ways out;
 - `fresh`: delete the folder's contents, then start at iteration 0;
 - `auto` or a checkpoint URI: continue that run (metrics after the checkpoint are dropped).
+
+`sft/` holds a pipeline's SFT stage (infra/sft_stage.py): the model RL starts from, not an
+output of RL, so `fresh` keeps it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from infra.storage.fs import RunStore
 # Entries a run writes as it trains; `base_model/` and `prefect-results/` alone are not
 # outputs (a failed start may leave them) but `fresh` removes them too.
 OUTPUTS = ("metrics.jsonl", "rollouts", "checkpoints", "hf", "weights")
+SFT_DIR = "sft"
 
 
 class RunFolderInUse(ValueError):
@@ -38,8 +42,9 @@ def refuse_if_used(cfg: RunConfig, store: RunStore) -> None:
 
 
 def clear_for_fresh_start(store: RunStore) -> list[str]:
-    """Delete everything under the run folder (for `resume=fresh`); returns what was there."""
-    names = store.ls()
+    """Delete everything under the run folder but the SFT stage's `sft/` (for
+    `resume=fresh`); returns what was deleted."""
+    names = [name for name in store.ls() if name != SFT_DIR]
     for name in names:
         store.delete(name, recursive=True)
     return names

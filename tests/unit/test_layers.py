@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"rollout"},
     {"trainer"},
     # the loop's rules and the parts that wire everything together
-    {"schedule", "preflight", "system", "handles"},
+    {"schedule", "preflight", "system", "handles", "sft_stage", "stage_handles", "stage_systems"},
 ]
 
 

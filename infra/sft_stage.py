@@ -1,0 +1,75 @@
+"""The SFT stage's place in the run folder, whether it is done, and the RL config that starts
+from its model.
+
+    <run>/sft/hf/         the fine-tuned model, an HF directory (config.json written last)
+    <run>/sft/DONE.json   written after it: the stage's fingerprint, its metrics, the model's URI
+
+The stage is done when DONE.json holds the fingerprint of the current config: the settings
+that decide what SFT trains (the model, the `sft` section, the data fields that shape a
+prompt). Any other change, an RL setting say, keeps a finished stage; one of these runs it
+again, over the old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from infra.config import RunConfig
+from infra.storage.fs import RunStore
+from infra.storage.run_folder import SFT_DIR
+
+DONE = f"{SFT_DIR}/DONE.json"
+# the data fields that change the examples SFT trains on
+_DATA_FIELDS = {
+    "train_path",
+    "prompt_key",
+    "apply_chat_template",
+    "system_prompt",
+    "max_prompt_len",
+    "overlong_prompt",
+}
+
+
+def fingerprint(cfg: RunConfig) -> str:
+    identity = {
+        "model": cfg.model.model_dump(mode="json"),
+        "sft": cfg.sft.model_dump(mode="json"),
+        "data": cfg.data.model_dump(mode="json", include=_DATA_FIELDS),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _store(cfg: RunConfig) -> RunStore:
+    return RunStore(cfg.storage, cfg.run_name)
+
+
+def export_uri(cfg: RunConfig) -> str:
+    """Where the stage writes its model: the `model.path` of the RL that follows."""
+    return _store(cfg).uri(SFT_DIR, "hf")
+
+
+def finished_sft(cfg: RunConfig) -> dict | None:
+    """The finished stage's record (metrics, `hf_export_uri`), or None when it must run."""
+    store = _store(cfg)
+    if not store.exists(DONE):
+        return None
+    done = json.loads(store.read_text(DONE))
+    return done if done.get("fingerprint") == fingerprint(cfg) else None
+
+
+def begin_sft(cfg: RunConfig) -> None:
+    """Before training: no record of an earlier stage may outlive a half-written model."""
+    _store(cfg).delete(DONE)
+
+
+def mark_finished(cfg: RunConfig, metrics: dict) -> dict:
+    """After the model is written: record the stage as done; returns the record."""
+    done = {"fingerprint": fingerprint(cfg), "hf_export_uri": export_uri(cfg), "metrics": metrics}
+    _store(cfg).write_text(DONE, json.dumps(done, indent=1))
+    return done
+
+
+def rl_config(cfg: RunConfig, model_uri: str) -> RunConfig:
+    """`cfg` with RL starting from `model_uri` (an HF directory, as model.path)."""
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model_uri})})
