@@ -7,6 +7,8 @@ the UI), and a re-run of the pipeline resumes where the stages left off:
     rl     (flows/train.py)   the RL loop from model.path=<run>/sft/hf/; checkpoint.resume applies
     eval                      held-out accuracy of the RL run's final model, <run>/hf/latest/
 
+and writes what it returns to <run>/pipeline.json.
+
     python -m flows.pipeline --config configs/addition.yaml [key.path=value ...]
 """
 
@@ -17,6 +19,7 @@ from infra.cluster.cluster_token import require_cluster_token
 # before anything imports Ray (prefect_ray does): Ray reads its auth mode at import
 require_cluster_token()
 
+import json
 import sys
 
 from prefect import flow, get_run_logger
@@ -27,12 +30,15 @@ from flows.stages import evaluate_model, sft
 from flows.train import train
 from infra.cluster.ray_cluster import ray_session
 from infra.config import RunConfig
-from infra.sft_stage import rl_config
+from infra.sft_stage import check_pipeline, rl_config
 from infra.storage.fs import RunStore
+
+SUMMARY = "pipeline.json"  # in the run folder: what the pipeline returns
 
 
 @flow(name="pipeline", validate_parameters=True)
 def pipeline(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows the defaults as a form
+    check_pipeline(config)
     name = config.run_name
     # one Ray cluster for every stage: the command's, or one started here
     with ray_session(config, worker_env()):
@@ -48,6 +54,7 @@ def pipeline(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI sh
         "eval_after_sft": after_sft["eval_reward_mean"],
         "eval_after_rl": after_rl["eval_reward_mean"],
     }
+    RunStore(config.storage, name).write_text(SUMMARY, json.dumps(summary, indent=1, default=str))
     get_run_logger().info(
         "held-out reward: %.3f after SFT%s, %.3f after RL",
         summary["eval_after_sft"],

@@ -70,6 +70,16 @@ def mark_finished(cfg: RunConfig, metrics: dict) -> dict:
     return done
 
 
+def check_pipeline(cfg: RunConfig) -> None:
+    """What the pipeline cannot run, refused before any stage starts."""
+    if cfg.model.lora is not None:
+        raise ValueError(
+            "model.lora: the pipeline's last stage evaluates the RL run's HF export, which with a LoRA "
+            "adapter is a PEFT adapter directory the eval engines do not load; run the pipeline "
+            "without model.lora, or flows.train from the SFT stage's model"
+        )
+
+
 def rl_config(cfg: RunConfig, model_uri: str) -> RunConfig:
     """`cfg` with RL starting from `model_uri` (an HF directory, as model.path)."""
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model_uri})})

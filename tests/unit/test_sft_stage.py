@@ -3,8 +3,10 @@ after a half-written model, kept by RL's `resume=fresh`, and the RL config it ha
 
 from __future__ import annotations
 
+import pytest
+
 from infra.config import RunConfig
-from infra.sft_stage import begin_sft, export_uri, finished_sft, mark_finished, rl_config
+from infra.sft_stage import begin_sft, check_pipeline, export_uri, finished_sft, mark_finished, rl_config
 from infra.storage.fs import RunStore
 from infra.storage.run_folder import clear_for_fresh_start
 
@@ -42,3 +44,9 @@ def test_fresh_rl_keeps_the_sft_stage_and_rl_starts_from_its_model(tmp_path):
     rl = rl_config(cfg, export_uri(cfg))
     assert rl.model.path == export_uri(cfg) and cfg.model.path == "builtin:tiny-llama"
     assert rl.model_dump(exclude={"model"}) == cfg.model_dump(exclude={"model"})
+
+
+def test_the_pipeline_refuses_a_lora_run_before_any_stage(tmp_path):
+    check_pipeline(_cfg(tmp_path))
+    with pytest.raises(ValueError, match="model.lora: the pipeline's last stage"):
+        check_pipeline(_cfg(tmp_path, model={"lora": {}}))
