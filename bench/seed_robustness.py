@@ -1,10 +1,14 @@
 """Run one config with several seeds, one run after another, and print how each learned.
 
-    python -m bench.seed_robustness [--config FILE] [--seeds 3] [--first 0] [--target 0.9] [--every 5] [overrides...]
+    python -m bench.seed_robustness [--config FILE] [--seeds 3] [--first 0] [--target 0.9] [--every 5]
+                                    [--pipeline] [overrides...]
 
 Seed index s shifts every seed of the run by s: the model init (`model.tiny.seed`), the
-trainer (`algorithm.seed`), sampling (`rollout.seed`) and the prompt order
-(`data.shuffle_seed`); s = 0 is the config exactly as given. The runs go one at a time
+trainer (`algorithm.seed`), sampling (`rollout.seed`), the prompt order
+(`data.shuffle_seed`) and the SFT order (`sft.seed`); s = 0 is the config exactly as given.
+With `--pipeline` each seed runs `flows.pipeline` (SFT, then RL from its model) instead of
+`flows.train`, and the report adds the pipeline's held-out accuracy after SFT and after RL
+(its eval stages, `<run>/pipeline.json`); the target then applies to the one after RL. The runs go one at a time
 (on 2 cores, side by side runs would slow each other and their wall times would mean
 nothing). The flow's own output goes to stderr; stdout is the report: per seed the wall
 time, the first iteration whose train reward reaches the target, the final reward (mean
@@ -16,6 +20,7 @@ rewards all agree), and min / median / max over the seeds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -38,13 +43,16 @@ def seed_overrides(cfg: RunConfig, s: int) -> list[str]:
         f"algorithm.seed={cfg.algorithm.seed + s}",
         f"rollout.seed={cfg.rollout.seed + s}",
         f"data.shuffle_seed={cfg.data.shuffle_seed + s}",
+        f"sft.seed={cfg.sft.seed + s}",
         "checkpoint.resume=fresh",
     ]
 
 
-def run_seed(config: str | None, overrides: list[str]) -> tuple[float, list[dict]]:
+def run_seed(
+    config: str | None, overrides: list[str], module: str = "flows.train"
+) -> tuple[float, list[dict]]:
     """Run the flow in a child process; its wall time and metrics rows."""
-    cmd = [sys.executable, "-m", "flows.train", *(["--config", config] if config else []), *overrides]
+    cmd = [sys.executable, "-m", module, *(["--config", config] if config else []), *overrides]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.monotonic()
     rc = subprocess.run(cmd, stdout=sys.stderr, check=False).returncode
@@ -53,6 +61,13 @@ def run_seed(config: str | None, overrides: list[str]) -> tuple[float, list[dict
         raise SystemExit(f"run failed with exit code {rc}: {' '.join(cmd)}")
     cfg = load_config(config, overrides)
     return wall, read_metrics(RunStore(cfg.storage, cfg.run_name))
+
+
+def pipeline_evals(config: str | None, overrides: list[str]) -> dict:
+    """The pipeline's held-out accuracy after SFT and after RL (its eval stages)."""
+    cfg = load_config(config, overrides)
+    summary = json.loads(RunStore(cfg.storage, cfg.run_name).read_text("pipeline.json"))
+    return {"sft_eval": summary["eval_after_sft"], "pipeline_eval": summary["eval_after_rl"]}
 
 
 def summarize(rows: list[dict], target: float) -> dict:
@@ -97,6 +112,28 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _run(args: argparse.Namespace, base: RunConfig, s: int) -> dict:
+    """One seed: its run, the report's lines, and its results."""
+    overrides = [*args.overrides, *seed_overrides(base, s)]
+    module = "flows.pipeline" if args.pipeline else "flows.train"
+    wall, rows = run_seed(args.config, overrides, module)
+    res = {"seed": s, "wall_s": wall, **summarize(rows, args.target)}
+    if args.pipeline:
+        res.update(pipeline_evals(args.config, overrides))
+    stages = (
+        f"; pipeline held-out accuracy {res['sft_eval']:.3f} after SFT, {res['pipeline_eval']:.3f} after RL"
+        if args.pipeline
+        else ""
+    )
+    print(
+        f"seed {s}: wall {wall:.1f} s, {res['iterations']} iterations, reward "
+        f"{_fmt(res['first_reward'])} -> {_fmt(res['final_reward'])} (last 3), reward >= {args.target} "
+        f"first at iteration {_fmt(res['reward_target_iter'])}, eval accuracy {_eval_span(res)}{stages}"
+    )
+    print("\n".join(curve(rows, args.every)), flush=True)
+    return res
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="YAML config (default: the embedded demo defaults)")
@@ -104,6 +141,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--first", type=int, default=0, help="first seed index")
     parser.add_argument("--target", type=float, default=0.9, help="reward and eval accuracy target")
     parser.add_argument("--every", type=int, default=5, help="curve table: every N iterations")
+    parser.add_argument("--pipeline", action="store_true", help="run flows.pipeline (SFT, then RL)")
     parser.add_argument("overrides", nargs="*", help="key.path=value applied to every run")
     args = parser.parse_args(argv)
     base = load_config(args.config, args.overrides)
@@ -111,19 +149,10 @@ def main(argv: list[str]) -> int:
     print(
         f"machine: {os.cpu_count()} cores, {mem:.0f} GiB; config: {args.config or 'defaults'} {args.overrides}"
     )
-    results = []
-    for s in range(args.first, args.first + args.seeds):
-        wall, rows = run_seed(args.config, [*args.overrides, *seed_overrides(base, s)])
-        res = {"seed": s, "wall_s": wall, **summarize(rows, args.target)}
-        results.append(res)
-        print(
-            f"seed {s}: wall {wall:.1f} s, {res['iterations']} iterations, reward "
-            f"{_fmt(res['first_reward'])} -> {_fmt(res['final_reward'])} (last 3), reward >= {args.target} "
-            f"first at iteration {_fmt(res['reward_target_iter'])}, eval accuracy {_eval_span(res)}"
-        )
-        print("\n".join(curve(rows, args.every)), flush=True)
+    results = [_run(args, base, s) for s in range(args.first, args.first + args.seeds)]
     print(f"over {len(results)} seeds: min / median / max")
-    for key in ("wall_s", "reward_target_iter", "final_reward", "final_eval"):
+    keys = ["wall_s", "reward_target_iter", "final_reward", "final_eval"]
+    for key in keys + (["sft_eval", "pipeline_eval"] if args.pipeline else []):
         values = [r[key] for r in results if r[key] is not None]
         missing = len(results) - len(values)
         stats = (
@@ -135,7 +164,8 @@ def main(argv: list[str]) -> int:
             else "-"
         )
         print(f"  {key}: {stats}" + (f" ({missing} seeds never reached it)" if missing else ""))
-    hit = sum(r["final_eval"] is not None and r["final_eval"] >= args.target for r in results)
+    final = "pipeline_eval" if args.pipeline else "final_eval"
+    hit = sum(r[final] is not None and r[final] >= args.target for r in results)
     print(f"final eval accuracy >= {args.target}: {hit} of {len(results)} seeds")
     return 0
 
