@@ -19,6 +19,7 @@ ACTOR_MODULES = [
     "infra.rollout.manager",
     "infra.engines.actor",
     "infra.system",
+    "infra.stage_systems",
 ]
 TASK_MODULES = [
     "tasks.generate",
@@ -27,6 +28,7 @@ TASK_MODULES = [
     "tasks.sync",
     "tasks.save",
     "tasks.evaluate",
+    "tasks.sft",
 ]
 
 
