@@ -41,7 +41,8 @@ def sft(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows t
     epoch_task, export_task = persisted(config, sft_epoch, sft_export)
     with started(SFTSystem(config, worker_env(), WORKER_IMPORTS)) as (run, handles):
         log.info(
-            "sft: %(examples)d labelled examples (%(dropped)d dropped), %(steps_per_epoch)d steps an epoch",
+            "sft: %(examples)d labelled examples (%(dropped)d dropped, %(eval_prompts_left_out)d left out "
+            "as eval prompts), %(steps_per_epoch)d steps an epoch",
             run.plan,
         )
         metrics: dict = {}

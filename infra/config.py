@@ -579,9 +579,12 @@ class AlgorithmConfig(_SeededSection):
         return self
 
 
-class SFTConfig(_Section):
+class SFTConfig(_SeededSection):
     """Supervised fine-tuning on labelled (prompt, answer) rows: the warm start that
     `python -m flows.pipeline` runs on the trainer ranks before RL (docs/SFT.md)."""
+
+    seed_field: ClassVar[str] = "seed"
+    seed_offset: ClassVar[int] = 0
 
     data_path: str | None = Field(
         None,
@@ -617,7 +620,12 @@ class SFTConfig(_Section):
         0.1, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
     )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
-    seed: int = Field(0, description="Seed of the epochs' shuffled orders and of the trainer.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the epochs' shuffled orders and of the trainer. Empty: derived from the run's "
+        "`seed` (equal to it).",
+    )
 
     @field_validator("betas")
     @classmethod
@@ -868,8 +876,8 @@ class RunConfig(_Section):
         ge=0,
         lt=SEED_LIMIT,
         description="Seed of the whole run: the seeds left empty derive from it, each as (seed + offset) "
-        "mod 2^22: model.tiny.seed (+0), data.shuffle_seed (+7), algorithm.seed (+42), rollout.seed "
-        "(+1234). The same seed and config repeat a run exactly (with the built-in engine).",
+        "mod 2^22: model.tiny.seed (+0), sft.seed (+0), data.shuffle_seed (+7), algorithm.seed (+42), "
+        "rollout.seed (+1234). The same seed and config repeat a run exactly (with the built-in engine).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     cluster: ClusterConfig = Field(
@@ -931,6 +939,7 @@ class RunConfig(_Section):
         self.rollout = self.rollout.with_run_seed(self.seed)
         self.data = self.data.with_run_seed(self.seed)
         self.algorithm = self.algorithm.with_run_seed(self.seed)
+        self.sft = self.sft.with_run_seed(self.seed)
         return self
 
     @model_validator(mode="after")

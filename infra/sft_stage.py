@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from infra.config import RunConfig
+from infra.config import RESOLVED_SEEDS, RunConfig
 from infra.storage.fs import RunStore
 from infra.storage.run_folder import SFT_DIR
 
@@ -32,9 +32,10 @@ _DATA_FIELDS = {
 
 
 def fingerprint(cfg: RunConfig) -> str:
+    # the seeds as the stage trains with them, also those derived from the run's `seed`
     identity = {
-        "model": cfg.model.model_dump(mode="json"),
-        "sft": cfg.sft.model_dump(mode="json"),
+        "model": cfg.model.model_dump(mode="json", context=RESOLVED_SEEDS),
+        "sft": cfg.sft.model_dump(mode="json", context=RESOLVED_SEEDS),
         "data": cfg.data.model_dump(mode="json", include=_DATA_FIELDS),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -3,11 +3,13 @@ formats it (chat template, system prompt, length limit), the answer as the respo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra.config import RunConfig
 from infra.data.prompts import load_rows, with_split
+from infra.data.splits import train_and_eval_rows
 from infra.data.templating import PromptFormatter
 
 if TYPE_CHECKING:
@@ -35,9 +37,28 @@ def sft_data_path(cfg: RunConfig) -> str:
     return f"builtin:{name}:sft"
 
 
-def sft_rows(cfg: RunConfig, storage_options: dict) -> list[dict]:
-    """Rows `{"prompt", "label"}`; the label is the answer."""
-    return load_rows(sft_data_path(cfg), cfg.data.prompt_key, cfg.sft.answer_key, storage_options)
+def sft_rows(cfg: RunConfig, storage_options: dict) -> tuple[list[dict], int]:
+    """Rows `{"prompt", "label"}` (the label is the answer), and how many rows were left out
+    because the run evaluates on their prompt: SFT never trains on an eval prompt, also where
+    the eval set is held out of the same file or the labelled file holds eval prompts."""
+    rows = load_rows(sft_data_path(cfg), cfg.data.prompt_key, cfg.sft.answer_key, storage_options)
+    evaluated = eval_prompts(cfg, storage_options)
+    kept = [r for r in rows if _key(r["prompt"]) not in evaluated]
+    return kept, len(rows) - len(kept)
+
+
+def eval_prompts(cfg: RunConfig, storage_options: dict) -> set[str]:
+    """The prompts of every eval set of the run (the default one and eval.datasets)."""
+    d = cfg.data
+    train = load_rows(with_split(d.train_path, "train"), d.prompt_key, d.label_key, storage_options)
+    _, rows = train_and_eval_rows(cfg, train, storage_options)
+    for ds in cfg.eval.datasets:
+        rows = rows + load_rows(with_split(ds.path, "eval"), d.prompt_key, d.label_key, storage_options)
+    return {_key(r["prompt"]) for r in rows}
+
+
+def _key(prompt: str | list[dict]) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def tokenize_examples(

@@ -160,7 +160,7 @@ class TrainerRank(FSDPRank):
         sft = self.cfg.sft
         torch.manual_seed(sft.seed)
         self.model = self._load(self.model_dir, trainable=True)
-        rows = sft_rows(self.cfg, storage_options)
+        rows, evaluated = sft_rows(self.cfg, storage_options)
         self._examples, dropped = tokenize_examples(self.cfg, rows, load_tokenizer(self.model_dir))
         steps = steps_per_epoch(len(self._examples), sft.batch_size)
         self._optimize(
@@ -168,7 +168,12 @@ class TrainerRank(FSDPRank):
             total=sft.epochs * steps,
         )  # fmt: skip
         self.ref_model = None
-        return {"examples": len(self._examples), "dropped": dropped, "steps_per_epoch": steps}
+        return {
+            "examples": len(self._examples),
+            "dropped": dropped,
+            "eval_prompts_left_out": evaluated,
+            "steps_per_epoch": steps,
+        }
 
     def sft_epoch(self, epoch: int) -> dict:
         """One epoch of SFT steps (every rank must call it: the steps are collective)."""

@@ -52,7 +52,7 @@ def _one_process(model_dir: str) -> tuple[list[dict], dict]:
 
     cfg = _cfg(micro_batch_size=16)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples, _ = tokenize_examples(cfg, sft_rows(cfg, {}), load_tokenizer(model_dir))
+    examples, _ = tokenize_examples(cfg, sft_rows(cfg, {})[0], load_tokenizer(model_dir))
     optimizer, scheduler = _sgd(model)
     metrics = [
         train_sft_epoch(model, optimizer, scheduler, examples, e, rank=0, world_size=1, cfg=cfg.sft)
@@ -68,7 +68,7 @@ def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path):
     assert ref_metrics[0]["grad_norm"] > 1.0  # clipping was active: the norm must be global
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        assert got["plan"] == {"examples": 80, "dropped": 0, "steps_per_epoch": 5}
+        assert got["plan"] == {"examples": 80, "dropped": 0, "eval_prompts_left_out": 0, "steps_per_epoch": 5}
         for mine, ref in zip(got["metrics"], ref_metrics, strict=True):
             assert mine["num_steps"] == ref["num_steps"] == 5
             assert mine["answer_tokens"] == ref["answer_tokens"] == 80 * 3  # two digits and the end token

@@ -25,6 +25,7 @@ def test_a_stage_is_done_only_with_the_settings_that_shape_sft(tmp_path):
     assert finished_sft(_cfg(tmp_path, sft={"epochs": 2}, algorithm={"lr": 1e-4}, num_rollout=3)) == done
     for other in (
         {"sft": {"epochs": 3}},
+        {"sft": {"epochs": 2}, "seed": 1},  # the model's and SFT's seeds derive from it
         {"sft": {"epochs": 2}, "model": {"tiny": {"seed": 1}}},
         {"sft": {"epochs": 2}, "data": {"train_path": "builtin:addition"}},
     ):
@@ -50,3 +51,10 @@ def test_the_pipeline_refuses_a_lora_run_before_any_stage(tmp_path):
     check_pipeline(_cfg(tmp_path))
     with pytest.raises(ValueError, match="model.lora: the pipeline's last stage"):
         check_pipeline(_cfg(tmp_path, model={"lora": {}}))
+
+
+def test_the_sft_seed_derives_from_the_run_seed_unless_set():
+    assert RunConfig().sft.seed == 0
+    assert RunConfig(seed=7).sft.seed == 7
+    assert RunConfig(seed=7, sft={"seed": 3}).sft.seed == 3
+    assert RunConfig.model_validate({**RunConfig(seed=7).model_dump(mode="json"), "seed": 8}).sft.seed == 8

@@ -4,12 +4,15 @@ an epoch's order and steps are a function of the seed and the epoch."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import infra.trainer.sft as sft_module
-from infra.config import RunConfig, SFTConfig, TinyModelConfig
-from infra.data.labelled import Example, sft_data_path, sft_rows, tokenize_examples
+from infra.config import EvalConfig, RunConfig, SFTConfig, TinyModelConfig
+from infra.data.builtin_tasks import builtin_rows
+from infra.data.labelled import Example, eval_prompts, sft_data_path, sft_rows, tokenize_examples
 from infra.data.templating import PromptFormatter
 from infra.model.tiny import build_char_tokenizer, build_tiny_model
 from infra.trainer.sft import epoch_order, steps_per_epoch, train_sft_epoch
@@ -134,16 +137,30 @@ def test_labelled_examples_are_the_prompts_as_rollouts_see_them_and_the_answer_e
     assert examples == [Example(formatter.ids("1+2="), tokenizer.encode("3") + [tokenizer.eos_token_id])]
     plain = RunConfig(data={"train_path": "builtin:addition"}, sft={"append_eos": False})
     assert tokenize_examples(plain, rows[:1], tokenizer)[0][0].answer_ids == tokenizer.encode("31")
-    assert len(sft_rows(plain, {})) == 80
+    assert sft_rows(plain, {}) == (builtin_rows("addition", "sft"), 0)
 
 
-def test_labelled_data_outside_the_built_in_tasks_must_be_named(tmp_path):
+def test_labelled_rows_from_a_file_leave_out_every_prompt_the_run_evaluates(tmp_path):
     path = tmp_path / "qa.jsonl"
-    path.write_text('{"question": "2+2=", "answer": "4"}\n')
+    rows = [{"question": f"{a}+{a}=", "answer": str(2 * a), "label": "x"} for a in range(20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"question": "3+3=", "label": "6"}) + "\n")
+    # no eval_path: the run holds 5% of the train file out for eval (1 row), never trained on
     named = RunConfig(
         data={"train_path": str(path), "prompt_key": "question"},
         sft={"data_path": str(path), "answer_key": "answer"},
+        eval={"datasets": []},
     )
-    assert sft_rows(named, {}) == [{"prompt": "2+2=", "label": "4"}]
+    kept, left_out = sft_rows(named, {})
+    held = eval_prompts(named, {})
+    assert left_out == len(held) == 1 and not {r["prompt"] for r in kept} & held
+    assert kept == [
+        {"prompt": r["question"], "label": r["answer"]} for r in rows if r["question"] not in held
+    ]
+    # an eval set of its own: its prompts are left out of SFT too
+    with_set = named.model_copy(update={"eval": EvalConfig(datasets=[{"name": "x", "path": str(extra)}])})
+    kept, left_out = sft_rows(with_set, {})
+    assert left_out == 1 and "3+3=" not in {r["prompt"] for r in kept} and len(kept) == 19
     with pytest.raises(ValueError, match="sft.data_path is empty"):
         sft_data_path(RunConfig(data={"train_path": str(path)}))
