@@ -85,3 +85,13 @@ def assert_unload_waits(client, name: str, inputs: int, tokens: int, hold_s: flo
     thread.join(300)
     assert result["done"] - unloaded < reply_s
     assert all(len(out["output_ids"]) == tokens for out in result["outs"])
+
+
+def max_diff_of_replies(reference: Reference, prompts: list[list[int]], outs: list[dict]) -> float:
+    """The largest gap over /generate replies (one per prompt) between each reply's per-token
+    logprobs and the reference's for the same tokens."""
+    diffs = []
+    for prompt, out in zip(prompts, outs, strict=True):
+        logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        diffs.append(max_diff(reference, prompt, out["output_ids"], logprobs))
+    return max(diffs)

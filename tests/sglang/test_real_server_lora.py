@@ -20,7 +20,13 @@ import pytest
 import torch
 
 from infra.engines.client import EngineClient, EngineError
-from tests.lora import ALL_TARGETS, Reference, assert_unload_waits, make_adapter, max_diff
+from tests.lora import (
+    ALL_TARGETS,
+    Reference,
+    assert_unload_waits,
+    make_adapter,
+    max_diff_of_replies,
+)
 from tests.sglang.servers import RealServer, assert_no_kernel_calls, long_context_model, real_sglang_server
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
@@ -63,23 +69,15 @@ def client(server: RealServer, adapters) -> EngineClient:
     return client
 
 
-def _max_diff(reference: Reference, prompts: list[list[int]], outs: list[dict]) -> float:
-    diffs = []
-    for prompt, out in zip(prompts, outs, strict=True):
-        logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        diffs.append(max_diff(reference, prompt, out["output_ids"], logprobs))
-    return max(diffs)
-
-
 def test_samples_of_an_adapter_carry_peft_s_logprobs_and_without_one_the_base_model_s(
     client, model_dir, adapters
 ):
     outs = client.generate(PROMPTS, SAMPLING, lora_path="a1")
-    adapted = _max_diff(Reference(model_dir, adapters["a1"]), PROMPTS, outs)
-    base = _max_diff(Reference(model_dir), PROMPTS, client.generate(PROMPTS, SAMPLING))
+    adapted = max_diff_of_replies(Reference(model_dir, adapters["a1"]), PROMPTS, outs)
+    base = max_diff_of_replies(Reference(model_dir), PROMPTS, client.generate(PROMPTS, SAMPLING))
     print(f"SGLang: max |engine - peft| logprob {adapted:.2e}, base {base:.2e}")
     assert adapted < TOLERANCE and base < TOLERANCE
-    assert _max_diff(Reference(model_dir), PROMPTS, outs) > 100 * TOLERANCE  # the adapter acted
+    assert max_diff_of_replies(Reference(model_dir), PROMPTS, outs) > 100 * TOLERANCE  # the adapter acted
 
 
 def test_one_request_mixes_adapters_and_the_base_model(client, model_dir, adapters):
@@ -87,7 +85,7 @@ def test_one_request_mixes_adapters_and_the_base_model(client, model_dir, adapte
     outs = client.generate(PROMPTS, SAMPLING, lora_path=names)
     for prompt, out, name in zip(PROMPTS, outs, names, strict=True):
         reference = Reference(model_dir, adapters[name] if name else None)
-        assert _max_diff(reference, [prompt], [out]) < TOLERANCE, name
+        assert max_diff_of_replies(reference, [prompt], [out]) < TOLERANCE, name
 
 
 def test_a_duplicate_name_and_an_unknown_name_are_refused(client, adapters):
@@ -106,14 +104,14 @@ def test_an_adapter_serves_without_its_directory_and_an_unloaded_one_comes_back_
     client.load_lora_adapter("v7", str(path))
     shutil.rmtree(path)  # what the engine actor does once the adapter is loaded
     outs = client.generate(PROMPTS[:1], SAMPLING, lora_path="v7")
-    assert _max_diff(Reference(model_dir, adapters["a1"]), PROMPTS[:1], outs) < TOLERANCE
+    assert max_diff_of_replies(Reference(model_dir, adapters["a1"]), PROMPTS[:1], outs) < TOLERANCE
     assert "v7" not in client.unload_lora_adapter("v7")
     with pytest.raises(EngineError, match="Failed to implicitly load LoRA adapter v7") as gone:
         client.generate(PROMPTS[:1], SAMPLING, lora_path="v7")
     assert gone.value.status == 400
     shutil.copytree(adapters["a2"], path)  # the directory back (another adapter's weights)
     outs = client.generate(PROMPTS[:1], SAMPLING, lora_path="v7")  # SGLang loads it again
-    assert _max_diff(Reference(model_dir, adapters["a2"]), PROMPTS[:1], outs) < TOLERANCE
+    assert max_diff_of_replies(Reference(model_dir, adapters["a2"]), PROMPTS[:1], outs) < TOLERANCE
     client.unload_lora_adapter("v7")
 
 

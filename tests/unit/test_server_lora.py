@@ -17,7 +17,7 @@ from infra.config import TinyModelConfig
 from infra.engines.client import EngineClient, EngineError
 from infra.model.tiny import build_tiny_model
 from tests.engine_server import running_engine
-from tests.lora import Reference, assert_unload_waits, make_adapter, max_diff
+from tests.lora import Reference, assert_unload_waits, make_adapter, max_diff_of_replies
 
 PROMPTS = [[1, 5, 6, 7], [1, 20], [1, 30, 31]]
 SAMPLING = {"max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True}
@@ -46,21 +46,13 @@ def client(model_dir: Path, adapters) -> Iterator[EngineClient]:
         yield client
 
 
-def _max_diff(reference: Reference, prompts: list[list[int]], outs: list[dict]) -> float:
-    diffs = []
-    for prompt, out in zip(prompts, outs, strict=True):
-        logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        diffs.append(max_diff(reference, prompt, out["output_ids"], logprobs))
-    return max(diffs)
-
-
 def test_samples_of_an_adapter_carry_peft_s_logprobs_and_without_one_the_base_model_s(
     client, model_dir, adapters
 ):
-    adapted = _max_diff(
+    adapted = max_diff_of_replies(
         Reference(model_dir, adapters["a1"]), PROMPTS, client.generate(PROMPTS, SAMPLING, lora_path="a1")
     )
-    base = _max_diff(Reference(model_dir), PROMPTS, client.generate(PROMPTS, SAMPLING))
+    base = max_diff_of_replies(Reference(model_dir), PROMPTS, client.generate(PROMPTS, SAMPLING))
     print(f"built-in engine: max |engine - peft| logprob {adapted:.2e}, base {base:.2e}")
     assert adapted < TOLERANCE and base < TOLERANCE
 
@@ -70,12 +62,12 @@ def test_one_request_mixes_adapters_and_the_base_model(client, model_dir, adapte
     outs = client.generate(PROMPTS, SAMPLING, lora_path=names)
     for prompt, out, name in zip(PROMPTS, outs, names, strict=True):
         reference = Reference(model_dir, adapters[name] if name else None)
-        assert _max_diff(reference, [prompt], [out]) < TOLERANCE, name
+        assert max_diff_of_replies(reference, [prompt], [out]) < TOLERANCE, name
     # n copies of an input run with the input's adapter
     outs = client.generate(PROMPTS[:2], {**SAMPLING, "n": 2}, lora_path=["a2", "a1"])
     for out, name in zip(outs, ["a2", "a2", "a1", "a1"], strict=True):
         prompt = PROMPTS[0] if name == "a2" else PROMPTS[1]
-        assert _max_diff(Reference(model_dir, adapters[name]), [prompt], [out]) < TOLERANCE
+        assert max_diff_of_replies(Reference(model_dir, adapters[name]), [prompt], [out]) < TOLERANCE
 
 
 def test_a_duplicate_name_an_unknown_name_and_a_wrong_count_are_refused(client, adapters):
@@ -99,7 +91,7 @@ def test_an_unloaded_name_is_loaded_again_on_request_unless_its_directory_is_gon
     client.load_lora_adapter("v7", str(path))
     assert "v7" not in client.unload_lora_adapter("v7")
     outs = client.generate(PROMPTS[:1], SAMPLING, lora_path="v7")
-    assert _max_diff(Reference(model_dir, adapters["a1"]), PROMPTS[:1], outs) < TOLERANCE
+    assert max_diff_of_replies(Reference(model_dir, adapters["a1"]), PROMPTS[:1], outs) < TOLERANCE
     client.unload_lora_adapter("v7")  # loaded again by that request
     shutil.rmtree(path)
     with pytest.raises(
