@@ -6,6 +6,8 @@
 - `<run>-metrics`: a table with one row per iteration (the whole metrics.jsonl, so a
   resumed run's table continues the earlier runs'); the key keeps every run's version;
 - `<run>-reward-curve`: a link to a reward-curve PNG written next to the metrics;
+- `<run>-learning-warnings`: a markdown list of the stalled-learning warnings
+  (infra/tracking/signal_monitor.py), each also a WARNING line of the flow run's log;
 - `<run>-checkpoint`, `<run>-hf-export`, `<run>-rollouts`: links to the outputs.
 
 Keys are per run name, so the artifact history of a key is the history of one training.
@@ -18,6 +20,7 @@ import math
 import re
 import time
 
+from prefect import get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -29,6 +32,7 @@ from prefect.artifacts import (
 from infra.config import RunConfig
 from infra.storage.fs import RunStore, is_local
 from infra.storage.metrics import read_metrics
+from infra.tracking.signal_monitor import SignalMonitor
 
 CURVE_FILE = "reward_curve.png"
 # Each progress update is an API call in the loop's thread and a write on the server; a bar
@@ -139,6 +143,8 @@ class RunArtifacts:
         self.start, self.stop = start, cfg.num_rollout if stop is None else stop
         self.hf_export_uri = ""
         self._progress_at = time.monotonic()
+        self.monitor = SignalMonitor(cfg.monitor)
+        self.warnings: list[str] = []
         self.progress_id = create_progress_artifact(
             progress=0.0 if self.stop > start else 100.0,
             key=artifact_key(cfg.run_name, "progress"),
@@ -162,7 +168,16 @@ class RunArtifacts:
     def saved(self, result: dict) -> None:
         self.hf_export_uri = result.get("hf_export_uri") or self.hf_export_uri
 
-    def iteration_done(self, rollout_id: int) -> None:
+    def iteration_done(self, rollout_id: int, row: dict) -> None:
+        """Progress, and the warnings that learning stalls that start with this row."""
+        for warning in self.monitor.observe(row):
+            get_run_logger().warning("iter %04d | %s", rollout_id, warning)
+            self.warnings.append(f"- iteration {rollout_id}: {warning}")
+            create_markdown_artifact(
+                markdown="\n".join(["# Learning warnings", "", *self.warnings]) + "\n",
+                key=artifact_key(self.cfg.run_name, "learning-warnings"),
+                description="Iterations at which learning looked stalled (monitor.*).",
+            )
         now = time.monotonic()
         if rollout_id + 1 >= self.stop or now - self._progress_at >= PROGRESS_EVERY_S:
             update_progress_artifact(self.progress_id, self._percent(rollout_id + 1))

@@ -80,7 +80,7 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
                 # as the seed: the writes overlap the next iterations, except the last save's
                 saved = tasks.save.submit(handles, k, schedule.export_hf_after(k), not schedule.is_last(k))
                 report.saved(saved.result())
-            report.iteration_done(k)
+            report.iteration_done(k, row)
             log_iteration(k, row)
         outputs = run.outputs()
     report.finish(outputs)  # table, reward curve, links: after Ray is down

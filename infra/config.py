@@ -848,6 +848,34 @@ class TrackingConfig(_Section):
     )
 
 
+class MonitorConfig(_Section):
+    """When the flow run logs a warning that learning has stalled (both conditions read the
+    metrics `stuck_group_frac` and `entropy`; a warning repeats only after its condition cleared)."""
+
+    stuck_group_frac: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Warn that most prompts give no learning signal when at least this share of prompt "
+        "groups is stuck (every sample of the prompt got the same reward, below the rollout's best) for "
+        "`patience` iterations in a row: e.g. the task is too hard for the policy; more samples per "
+        "prompt or rollout.dynamic_sampling help.",
+    )
+    patience: int = Field(
+        10, ge=1, description="Iterations in a row the no-signal condition must hold before the warning."
+    )
+    entropy_floor: float = Field(
+        0.1,
+        ge=0,
+        description="Warn that the policy collapsed when its mean token entropy falls below this (nats) "
+        "while at least `collapse_stuck_frac` of the groups are stuck: it answers deterministically and "
+        "wrong there, which GRPO cannot correct. 0: never.",
+    )
+    collapse_stuck_frac: float = Field(
+        0.1, gt=0, le=1, description="Share of stuck groups that, below `entropy_floor`, is a collapse."
+    )
+
+
 class RunConfig(_Section):
     """A whole training run: the loop, its parts and where its state lives."""
 
@@ -903,6 +931,9 @@ class RunConfig(_Section):
     )
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="TensorBoard, wandb or MLflow logging of metrics."
+    )
+    monitor: MonitorConfig = Field(
+        default_factory=MonitorConfig, description="Warnings in the flow run's log when learning stalls."
     )
 
     @property

@@ -150,3 +150,14 @@ def zero_variance_groups(rewards: list[float], groups: list[int]) -> tuple[int, 
     members = _groups(rewards, groups)
     flat = sum(1 for v in members.values() if len(v) > 1 and all(x == v[0] for x in v))
     return flat, len(members)
+
+
+def stuck_groups(rewards: list[float], groups: list[int]) -> tuple[int, int]:
+    """(flat groups below the batch's best reward, all groups): no signal and not solved.
+
+    A flat group at the best reward is solved; one below it is a prompt the policy fails the
+    same way every time: stuck, unless sampling finds a better answer."""
+    members = _groups(rewards, groups)
+    best = max(rewards, default=0.0)
+    stuck = sum(1 for v in members.values() if len(v) > 1 and all(x == v[0] for x in v) and v[0] < best)
+    return stuck, len(members)

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from math import comb
 
-from infra.algorithms.advantages import compute_advantages, zero_variance_groups
+from infra.algorithms.advantages import compute_advantages, stuck_groups, zero_variance_groups
 from infra.config import AlgorithmConfig
 from infra.data.rewards import score
 from infra.rollout.batch import Sample
@@ -80,6 +80,7 @@ def rollout_stats(samples: list[Sample]) -> dict:
         "reward_failures": sum(s.status == "failed" for s in samples),
         "num_samples": n,
         "zero_variance_group_frac": _flat_share(samples),
+        "stuck_group_frac": _stuck_share(samples),
         "weight_version": min(s.weight_version for s in samples),
         "weight_version_max": max(s.weight_version for s in samples),
     }
@@ -88,6 +89,11 @@ def rollout_stats(samples: list[Sample]) -> dict:
 def _flat_share(samples: list[Sample]) -> float:
     flat, total = zero_variance_groups([s.reward for s in samples], [s.group for s in samples])
     return flat / total
+
+
+def _stuck_share(samples: list[Sample]) -> float:
+    stuck, total = stuck_groups([s.reward for s in samples], [s.group for s in samples])
+    return stuck / total
 
 
 def pass_at_k(samples: list[Sample], k: int) -> float:

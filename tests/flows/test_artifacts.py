@@ -17,6 +17,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
     LogFilter,
+    LogFilterFlowRunId,
     LogFilterTaskRunId,
 )
 from prefect.client.schemas.sorting import ArtifactSort
@@ -186,6 +187,47 @@ def test_progress_moves_at_most_once_a_second_and_always_reaches_the_end(monkeyp
     report = artifacts.RunArtifacts(RunConfig(num_rollout=40), start=0)
     for k in range(40):
         clock[0] += 0.3  # iterations of 0.3 s
-        report.iteration_done(k)
+        report.iteration_done(k, {})
     # one update per ~1 s of iterations (every 4th at 0.3 s), and the last iteration's
     assert updates == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
+
+
+def test_learning_warnings_are_warning_lines_and_an_artifact_of_the_flow_run(prefect_api, tmp_path):
+    import logging
+
+    from flows.artifacts import RunArtifacts
+
+    cfg = tiny_config(tmp_path, 6)
+    # the pick-digit collapse: the entropy falls to 0.05 while 40% of the prompts stay wrong
+    rows = [{"stuck_group_frac": 0.4, "entropy": e} for e in (3.0, 1.0, 0.05, 0.04, 0.05, 0.03)]
+
+    @flow
+    def iterations() -> None:
+        report = RunArtifacts(cfg, start=0)
+        for k, row in enumerate(rows):
+            report.iteration_done(k, row)
+
+    state = iterations(return_state=True)
+    assert state.is_completed(), state.message
+    run_id = state.state_details.flow_run_id
+
+    async def warnings() -> list[str]:
+        async with get_client() as client:
+            deadline = time.monotonic() + 30
+            while True:
+                found = await client.read_logs(
+                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+                )
+                lines = [log.message for log in found if log.level == logging.WARNING]
+                if lines or time.monotonic() > deadline:
+                    return lines
+                await asyncio.sleep(1)
+
+    # one warning, at the iteration the collapse started, not at every iteration it lasts
+    lines = asyncio.run(warnings())
+    assert len(lines) == 1 and lines[0].startswith(
+        "iter 0002 | entropy collapse: mean token entropy 0.050"
+    ), lines
+    latest = {a.key: a for a in reversed(asyncio.run(_run_artifacts(run_id)))}
+    note = latest[artifact_key("Art_1", "learning-warnings")]
+    assert note.type == "markdown" and "- iteration 2: entropy collapse" in note.data

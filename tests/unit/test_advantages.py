@@ -9,6 +9,7 @@ from infra.algorithms.advantages import (
     grpo_advantages,
     reinforce_plus_plus_advantages,
     rloo_advantages,
+    stuck_groups,
     whiten_over_tokens,
     zero_variance_groups,
 )
@@ -104,6 +105,15 @@ def test_dispatch():
 def test_zero_variance_groups_counted():
     # group 0 varies, group 1 agrees, group 2 is a lone sample (not "flat": nothing to compare)
     assert zero_variance_groups([1.0, 0.0, 2.0, 2.0, 5.0], [0, 0, 1, 1, 2]) == (1, 3)
+
+
+def test_stuck_groups_are_flat_below_the_best_reward():
+    # group 0 varies, group 1 is flat at the best reward (solved), group 2 flat below it (stuck),
+    # group 3 a lone sample
+    rewards, groups = [1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.0], [0, 0, 1, 1, 2, 2, 3]
+    assert stuck_groups(rewards, groups) == (1, 4)
+    # nothing is stuck when every group is flat at the same reward: no better answer was seen
+    assert stuck_groups([0.0, 0.0, 0.0, 0.0], [0, 0, 1, 1]) == (0, 2)
 
 
 def test_length_mismatch_raises():
