@@ -200,8 +200,14 @@ class SimEngine:
     async def sim_stats(self, request: web.Request) -> web.Response:
         return web.json_response(asdict(self.stats))
 
+    @web.middleware
+    async def _count(self, request: web.Request, handler):
+        routes = self.stats.routes
+        routes[request.path] = routes.get(request.path, 0) + 1
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=1 << 30, middlewares=[self._count])
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/abort_request", self.abort)
         app.router.add_post("/pause_generation", self.pause)
