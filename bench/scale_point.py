@@ -9,8 +9,11 @@ end PSS; the simulated engines' processes are read the same way, apart.
 
 The physical limit of an iteration is what the simulation allows with no control plane:
 generation of its samples with ideal spread over every slot of every engine, or its longest
-sample, whichever is longer; and training plus sync as the stand-in waits them. The loop
-overlaps the two (async mode), so the limit is max(T_gen, T_train + T_sync).
+sample, whichever is longer; training and sync as the stand-in waits them. In async mode the
+period from the start of iteration k to that of k+1 overlaps training on k with generating
+k+1, and the sync waits for both (no generation may be in flight while weights change; the
+next generate and training both start after it), so its limit is
+max(T_gen(k+1), T_train) + T_sync.
 """
 
 from __future__ import annotations
@@ -218,10 +221,10 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
     window = [k for k in range(first, last) if k in periods]
     t_train = spec.samples * s_per_sample
     limits = {}
-    for k in window:
-        lengths = pq.read_table(run_dir / "rollouts" / f"{k:07d}.parquet", columns=["response_ids"])
+    for k in window:  # the period of k holds the generation of k + 1 (see the docstring)
+        lengths = pq.read_table(run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids"])
         lens = [len(x) for x in lengths.column("response_ids").to_pylist()]
-        limits[k] = max(ideal_generate_s(lens, spec.engines, spec.slots, rate), t_train + spec.sync_s)
+        limits[k] = max(ideal_generate_s(lens, spec.engines, spec.slots, rate), t_train) + spec.sync_s
     by_row = {r["rollout_id"]: r for r in rows if "rollout_id" in r}
     wall = t1 - t0
     return {
@@ -229,7 +232,7 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
         "slot_tokens_per_s": rate,
         "iteration_s": sum(periods[k] for k in window) / len(window),
         "limit_s": sum(limits.values()) / len(window),
-        "generate_s": sum(by_row[k]["time_generate_s"] for k in window) / len(window),
+        "generate_s": sum(by_row[k + 1]["time_generate_s"] for k in window) / len(window),
         "cpu_s": {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / n for role in cpu1},
         "wall_s": wall / n,
         "requests_per_s": {route: (r1.get(route, 0) - r0.get(route, 0)) / wall for route in r1},
