@@ -220,6 +220,14 @@ class ClusterConfig(_Section):
         "FSDP2's default, the least memory: weights gathered for every micro-batch's forward and "
         "backward, gradients reduced after each.",
     )
+    trainer_class: str = Field(
+        "",
+        description="The trainer rank's actor class, `module:Class` or `file.py:Class`, built as "
+        "`Class(cfg, rank, world_size)` once per rank of `cluster.trainer` and called with the methods "
+        "`infra.trainer.rank.TrainerRank` answers (setup, train, update_weights, save_checkpoint, ...). "
+        "A stand-in goes here, e.g. `bench.sim_trainer:SimTrainerRank`, which only waits a set time per "
+        "sample (bench.scale_sweep). Empty: the FSDP2 trainer rank.",
+    )
     collective_timeout_s: float = Field(
         300,
         gt=0,
@@ -236,6 +244,14 @@ class ClusterConfig(_Section):
                 "supported, because the driver ships code to the workers as py_modules; run the flow "
                 "on a node of the cluster with `auto` or the head's `host:port`"
             )
+        return value
+
+    @field_validator("trainer_class")
+    @classmethod
+    def _class_spec(cls, value: str) -> str:
+        module, sep, name = value.rpartition(":")
+        if value and not (sep and module and name):
+            raise ValueError(f"cluster.trainer_class={value!r}: give `module:Class` or `file.py:Class`")
         return value
 
     @field_validator("trainer", "critic", mode="before")
@@ -282,6 +298,16 @@ class RolloutConfig(_SeededSection):
         "with `cluster.engines.gpus_per_worker: 0` (SGLang's torch-native CPU path, for small models and "
         "tests: `configs/sglang-cpu.yaml`).",
     )
+    engine_urls: list[str] = Field(
+        default_factory=list,
+        description="Attach to engine servers that already run at these URLs (`http://host:port`, SGLang's "
+        "HTTP API: `sglang.launch_server`, the built-in server or any server answering the same routes) "
+        "instead of launching engines: no engine actors are placed, so `cluster.engines`, `engine` and "
+        "`sglang_args` do not apply. They must serve the run's model and stay up for the run: one that "
+        "fails is not restarted (no actor owns its process). Needs `weight_sync.method=broadcast` with "
+        "full weights (disk and adapter sync load through the engines' actors). Empty: launch "
+        "`cluster.engines.num_workers` engines.",
+    )
     tp_size: int = Field(
         1,
         ge=1,
@@ -320,6 +346,22 @@ class RolloutConfig(_SeededSection):
         "it sent (one model in the engines' dtype) so a restarted engine can get them while training runs; "
         "on CPU it also keeps the buffers of the push before, which the next push fills again.",
     )
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+                raise ValueError(
+                    f"rollout.engine_urls: {url!r} is not a server's base URL (http://host:port)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("rollout.engine_urls: a URL appears twice (each engine would get two shares)")
+        return value
+
     sglang_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Extra `sglang.launch_server` flags (engine=sglang only)."
     )
@@ -1028,6 +1070,8 @@ class RunConfig(_Section):
                     raise ValueError(f"rollout.{name} applies to rollout.engine=sglang only")
         if self.cluster.colocate:
             self._check_colocation()
+        if self.rollout.engine_urls:
+            self._check_attached_engines()
         self._check_lora()
         return self
 
@@ -1057,6 +1101,24 @@ class RunConfig(_Section):
             raise ValueError(
                 "weight_sync.lora=adapter with rollout.generate_fn: a custom rollout function sends its "
                 "own requests, which would not name the adapter; use weight_sync.lora=merged"
+            )
+
+    def _check_attached_engines(self) -> None:
+        """rollout.engine_urls: what needs the engines' actors, which attached engines lack."""
+        if self.cluster.colocate:
+            raise ValueError(
+                "rollout.engine_urls with cluster.colocate: attached engines do not share the "
+                "trainer's bundles (nothing here can release their memory)"
+            )
+        if self.weight_sync.method != "broadcast":
+            raise ValueError(
+                "rollout.engine_urls needs weight_sync.method=broadcast: disk sync loads the "
+                "export through each engine's actor, and attached engines have none"
+            )
+        if self.model.lora is not None and self.weight_sync.lora == "adapter":
+            raise ValueError(
+                "rollout.engine_urls with weight_sync.lora=adapter: adapters load through the "
+                "engines' actors, which attached engines lack; use weight_sync.lora=merged"
             )
 
     def _check_colocation(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
@@ -24,7 +25,9 @@ from infra.cluster.ray_cluster import (
     slot_options,
 )
 from infra.config import RunConfig
+from infra.data.rewards import load_callable
 from infra.engines.actor import EngineActor
+from infra.engines.client import EngineClient
 from infra.handles import RunHandles
 from infra.model.loading import base_model_uri
 from infra.rollout.manager import RolloutManager
@@ -83,7 +86,8 @@ class RLSystem:
 
     def start(self) -> RunHandles:
         cfg = self.cfg
-        layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
+        attached = bool(cfg.rollout.engine_urls)  # engines already running: none placed or launched
+        layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled, engines=not attached)
         # False when the command started Ray
         self.owns_ray = connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, self.worker_env)
         startup.mark("ray_connected")
@@ -99,11 +103,11 @@ class RLSystem:
 
         # Engines and trainer groups start side by side (separate processes, seconds each);
         # the waits come after, engines first, so a failed engine is still the error raised.
-        starting = self._start_engines(layout, model_uri, opts)
+        starting = [] if attached else self._start_engines(layout, model_uri, opts)
         groups = self._place_trainer_groups(layout)
         manager = self._start_manager(model_uri)
         setups = [self._set_up(group, model_uri, opts) for group in groups]
-        urls = self._wait_for_engines(starting)
+        urls = self._attach_engines() if attached else self._wait_for_engines(starting)
         self._wait_for_trainer_groups(setups)
 
         self.transport = make_transport(cfg, self.trainers, self.engines, urls, manager)
@@ -137,9 +141,13 @@ class RLSystem:
     def _place_trainer_groups(self, layout: PlacementLayout) -> list[RankGroup]:
         """The trainer ranks, and with ppo the critic's; one list of actors per FSDP group."""
         cfg, ranks = self.cfg, self.cfg.cluster.trainer.num_workers
-        self.trainers = RankGroup(
-            self._place(TrainerRank, layout, "trainer", lambda r: (cfg, r, ranks)), "trainer"
+        # cluster.trainer_class: a replacement rank (a stand-in that only waits, in bench/)
+        cls = (
+            load_callable(cfg.cluster.trainer_class, "cluster.trainer_class")
+            if cfg.cluster.trainer_class
+            else TrainerRank
         )
+        self.trainers = RankGroup(self._place(cls, layout, "trainer", lambda r: (cfg, r, ranks)), "trainer")
         groups = [self.trainers]
         if cfg.critic.enabled:  # ppo: a second FSDP group, its own default process group
             n = cfg.cluster.critic.num_workers
@@ -170,6 +178,16 @@ class RLSystem:
         urls = ray.get(starting)
         self.pids["engine_servers"] = ray.get([e.pid.remote() for e in self.engines])
         log.info("engines up: %s", urls)
+        startup.mark("engines_up")
+        return urls
+
+    def _attach_engines(self) -> list[str]:
+        """rollout.engine_urls: the servers already running, once each answers /health."""
+        urls = list(self.cfg.rollout.engine_urls)
+        timeout = self.cfg.rollout.startup_timeout_s
+        with ThreadPoolExecutor(min(32, len(urls))) as pool:
+            list(pool.map(lambda url: EngineClient(url).wait_healthy(timeout), urls))
+        log.info("attached to %d running engines", len(urls))
         startup.mark("engines_up")
         return urls
 

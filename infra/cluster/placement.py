@@ -120,12 +120,14 @@ def _colocated(cfg: ClusterConfig) -> PlacementLayout:
     return PlacementLayout({"trainer": role}, {"trainer": trainer_slots, "engines": engine_slots})
 
 
-def plan_placement(cfg: ClusterConfig, critic: bool = False) -> PlacementLayout:
+def plan_placement(cfg: ClusterConfig, critic: bool = False, engines: bool = True) -> PlacementLayout:
     """One placement group per role and one bundle per process; colocated, one shared group.
 
-    With `critic`, the critic's ranks are a role of their own (never colocated).
+    With `critic`, the critic's ranks are a role of their own (never colocated). Without
+    `engines` (the run attaches to running servers, `rollout.engine_urls`) no engine is placed.
     """
-    own = [("trainer", cfg.trainer), ("engines", cfg.engines)] + ([("critic", cfg.critic)] if critic else [])
+    own = [("trainer", cfg.trainer)] + ([("engines", cfg.engines)] if engines else [])
+    own += [("critic", cfg.critic)] if critic else []
     for name, res in own:
         # Ray rejects all-zero bundles; a role must reserve something per process.
         if not res.cpus_per_worker and not res.gpus_per_worker and not any(res.resources.values()):

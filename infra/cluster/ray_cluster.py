@@ -127,7 +127,7 @@ def connect(address: str, layout: PlacementLayout, num_cpus: int | None, env: Ma
 
 def connect_ray(cfg: RunConfig, env: Mapping[str, str]) -> bool:
     """`connect` for a run: the local cluster sized for the run's placement."""
-    layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled)
+    layout = plan_placement(cfg.cluster, critic=cfg.critic.enabled, engines=not cfg.rollout.engine_urls)
     return connect(cfg.cluster.ray_address, layout, cfg.cluster.num_cpus, env)
 
 

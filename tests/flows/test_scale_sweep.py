@@ -1,0 +1,24 @@
+"""bench.scale_sweep end to end on one tiny point: the real flow attached to simulated engines
+(rollout.engine_urls) with the trainer stand-in (cluster.trainer_class)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import scale_sweep
+
+
+def test_one_tiny_point_runs_the_flow_and_reports(tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    argv = ["--points", "2x256", "--iterations", "3", "--target-s", "1", "--png", str(png)]
+    assert scale_sweep.main([*argv, "--keep", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith("| 2 | 256 |")]
+    assert float(row.split("|")[4]) > 0  # the physical limit, from the rollouts' real lengths
+    assert "BOTTLENECK" in out and png.stat().st_size > 0
+    run = tmp_path / "runs" / "2x256" / "runs" / "scale"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == [0, 1, 2]
+    assert [r["weight_version"] for r in rows] == [0, 0, 1]  # async: one step behind
+    assert len(list((run / "rollouts").glob("*.parquet"))) == 3
+    assert (run / "checkpoints" / "latest").exists()
