@@ -232,6 +232,7 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
         "slot_tokens_per_s": rate,
         "iteration_s": sum(periods[k] for k in window) / len(window),
         "limit_s": sum(limits.values()) / len(window),
+        "ratios": [periods[k] / limits[k] for k in window],  # iteration / limit, per iteration
         "generate_s": sum(by_row[k + 1]["time_generate_s"] for k in window) / len(window),
         "cpu_s": {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / n for role in cpu1},
         "wall_s": wall / n,

@@ -103,6 +103,17 @@ def print_fits(points: list[dict]) -> None:
                     )
 
 
+def headline(points: list[dict]) -> None:
+    """The suite's RATIO line (bench/suite.py): iteration time over the physical limit at the
+    largest point, over its measured iterations."""
+    p = max(points, key=lambda q: (q["samples"] * q["engines"], q["samples"]))
+    r = sorted(p["ratios"])
+    print(
+        f"RATIO iteration time / physical limit, {p['engines']} engines x {_label(p['samples'])} samples: "
+        f"{r[len(r) // 2]:.2f}x (min {r[0]:.2f}x, max {r[-1]:.2f}x, n={len(r)}); goal <= 1.02x"
+    )
+
+
 def bottleneck(points: list[dict]) -> None:
     """The process role nearest a whole core at the largest point (single processes: the
     manager, the driver, the API server serialise on their GIL)."""
@@ -175,6 +186,7 @@ def main(argv: list[str]) -> int:
     print_table(points)
     print_fits(points)
     bottleneck(points)
+    headline(points)
     plot(points, Path(args.png))
     return 0
 
