@@ -61,6 +61,7 @@ class EngineFleet:
         self.restarts = [0] * len(urls)
         self.recoveries: list[dict] = []  # one record per recovery: engine, URLs, version, timings
         # one client per engine, kept: its connections serve every request and health probe
+        # (they close with the manager's process, or when the engine is replaced)
         self._clients = [EngineClient(url, request_timeout_s) for url in self.urls]
         self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
 
@@ -69,11 +70,6 @@ class EngineFleet:
 
     def client(self, e: int) -> EngineClient:
         return self._clients[e]
-
-    def close(self) -> None:
-        """Close every engine's kept-alive connections."""
-        for client in self._clients:
-            client.close()
 
     def call(self, e: int, fn: Callable[[EngineClient], T]) -> T:
         """`fn(client of engine e)`, watched; after a recovery of engine e it runs again."""
