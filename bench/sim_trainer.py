@@ -91,10 +91,10 @@ class SimTrainerRank:
     # -- weight sync (rank 0 talks to the engines) ---------------------------------------
     @ray.method(concurrency_group="restore")
     def connect_engines(self, engine_urls: list[str]) -> None:
-        old, timeout = self.clients, self.cfg.weight_sync.timeout_s
+        # the previous clients are not closed here: a sync may still be using them (this runs
+        # beside it, in the restore group); they close once dropped
+        timeout = self.cfg.weight_sync.timeout_s
         self.clients = [EngineClient(url, timeout) for url in engine_urls]
-        for client in old:
-            client.close()
 
     def _each(self, fn) -> None:
         if self.rank == 0 and self.clients:
