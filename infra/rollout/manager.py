@@ -153,7 +153,8 @@ class RolloutManager:
 
         An engine's reply is decoded and scored as soon as it arrives, while the other engines
         still generate: after the last reply only its own share is left to do (at 32 engines x
-        8k samples the whole batch's share is ~2.5 CPU-s, measured, on the loop's critical path).
+        8k samples, the time from the last reply to the batch fell from 0.5-0.9 s to 0.3-0.5 s,
+        measured: time on the loop's critical path).
         """
         params = self._sampling_params(temperature, max_new_tokens)
         timeout_s = self.cfg.data.reward_timeout_s
