@@ -220,11 +220,12 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
     periods = start_to_start(rows)
     window = [k for k in range(first, last) if k in periods]
     t_train = spec.samples * s_per_sample
-    limits = {}
+    limits, ideal = {}, {}
     for k in window:  # the period of k holds the generation of k + 1 (see the docstring)
         lengths = pq.read_table(run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids"])
         lens = [len(x) for x in lengths.column("response_ids").to_pylist()]
-        limits[k] = max(ideal_generate_s(lens, spec.engines, spec.slots, rate), t_train) + spec.sync_s
+        ideal[k] = ideal_generate_s(lens, spec.engines, spec.slots, rate)
+        limits[k] = max(ideal[k], t_train) + spec.sync_s
     by_row = {r["rollout_id"]: r for r in rows if "rollout_id" in r}
     wall = t1 - t0
     return {
@@ -232,7 +233,11 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
         "slot_tokens_per_s": rate,
         "iteration_s": sum(periods[k] for k in window) / len(window),
         "limit_s": sum(limits.values()) / len(window),
+        "ratios": [periods[k] / limits[k] for k in window],  # iteration / limit, per iteration
         "generate_s": sum(by_row[k + 1]["time_generate_s"] for k in window) / len(window),
+        "ideal_generate_s": sum(ideal.values()) / len(window),
+        # the sync as the trainer measures it: the simulated broadcast (sync_s) and the HTTP calls
+        "sync_measured_s": sum(by_row[k]["time_sync_s"] for k in window) / len(window),
         "cpu_s": {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / n for role in cpu1},
         "wall_s": wall / n,
         "requests_per_s": {route: (r1.get(route, 0) - r0.get(route, 0)) / wall for route in r1},

@@ -16,7 +16,8 @@ At every point the engines' speed is set so that the ideal generate time is `--t
 and the trainer's wait plus the sync so that they take 80% of it: the physical limit of an
 iteration is then about the same at every point, and what grows is the control plane's
 work (bench/scale_point.py defines the limit and the measurements). Per point it prints the
-iteration time over that limit, CPU seconds per iteration by role (the simulated engines and
+iteration time over that limit, the generate time beside its ideal and the sync's time beside
+the simulated broadcast's (where the difference goes), CPU seconds per iteration by role (the simulated engines and
 the trainer stand-in are not control plane), the manager's requests per second to the
 engines, PSS by role and bytes written per iteration; then log-log slopes of control-plane
 CPU against samples and engines, and the first bottleneck: the single process that comes
@@ -52,13 +53,14 @@ def control_cpu(p: dict) -> float:
 def print_table(points: list[dict]) -> None:
     roles = [*CONTROL_PLANE, "trainer stand-in", "simulated engines"]
     print(
-        "| engines | samples | iteration s | limit s | iteration / limit | generate s | "
+        "| engines | samples | iteration s | limit s | iteration / limit | generate s | ideal generate s | "
+        f"sync s (simulated {points[0]['sync_s']:g}) | "
         "control plane CPU s/iter | "
         + " | ".join(f"{r} CPU s" for r in roles)
         + " | control-plane CPU ms/sample | manager req/s (generate, health) | PSS MiB (manager, driver, "
         "prefect, task workers, ray system, engines) | written MiB/iter (run folder, all processes) |"
     )
-    print("|" + "---|" * (10 + len(roles)))
+    print("|" + "---|" * (13 + len(roles)))
     for p in points:
         cpu, req, mem, wr = p["cpu_s"], p["requests_per_s"], p["memory"], p["written_bytes"]
         mem_cells = ", ".join(
@@ -67,7 +69,8 @@ def print_table(points: list[dict]) -> None:
         )
         print(
             f"| {p['engines']} | {_label(p['samples'])} | {p['iteration_s']:.2f} | {p['limit_s']:.2f} | "
-            f"{p['iteration_s'] / p['limit_s']:.3f} | {p['generate_s']:.2f} | {control_cpu(p):.2f} | "
+            f"{p['iteration_s'] / p['limit_s']:.3f} | {p['generate_s']:.2f} | {p['ideal_generate_s']:.2f} | "
+            f"{p['sync_measured_s']:.2f} | {control_cpu(p):.2f} | "
             + " | ".join(f"{cpu.get(r, 0.0):.2f}" for r in roles)
             + f" | {control_cpu(p) / p['samples'] * 1000:.3f} | "
             f"{req.get('/generate', 0):.1f}, {req.get('/health', 0):.1f} | {mem_cells}, "
@@ -101,6 +104,17 @@ def print_fits(points: list[dict]) -> None:
                     print(
                         f"FIT {name} ~ {axis}^{s:.2f} at {other}={fixed if other == 'engines' else _label(fixed)}"
                     )
+
+
+def headline(points: list[dict]) -> None:
+    """The suite's RATIO line (bench/suite.py): iteration time over the physical limit at the
+    largest point, over its measured iterations."""
+    p = max(points, key=lambda q: (q["samples"] * q["engines"], q["samples"]))
+    r = sorted(p["ratios"])
+    print(
+        f"RATIO iteration time / physical limit, {p['engines']} engines x {_label(p['samples'])} samples: "
+        f"{r[len(r) // 2]:.2f}x (min {r[0]:.2f}x, max {r[-1]:.2f}x, n={len(r)}); goal <= 1.02x"
+    )
 
 
 def bottleneck(points: list[dict]) -> None:
@@ -175,6 +189,7 @@ def main(argv: list[str]) -> int:
     print_table(points)
     print_fits(points)
     bottleneck(points)
+    headline(points)
     plot(points, Path(args.png))
     return 0
 

@@ -43,7 +43,7 @@ class SimTrainerRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.settings = sim_settings()
         self.inbox = BatchInbox()
-        self.urls: list[str] = []
+        self.clients: list[EngineClient] = []  # kept, as the real rank keeps its engine links
         self.group = ""
         self.version = "0"
 
@@ -91,17 +91,19 @@ class SimTrainerRank:
     # -- weight sync (rank 0 talks to the engines) ---------------------------------------
     @ray.method(concurrency_group="restore")
     def connect_engines(self, engine_urls: list[str]) -> None:
-        self.urls = list(engine_urls)
+        # the previous clients are not closed here: a sync may still be using them (this runs
+        # beside it, in the restore group); they close once dropped
+        timeout = self.cfg.weight_sync.timeout_s
+        self.clients = [EngineClient(url, timeout) for url in engine_urls]
 
     def _each(self, fn) -> None:
-        if self.rank == 0 and self.urls:
-            timeout = self.cfg.weight_sync.timeout_s
-            with ThreadPoolExecutor(min(32, len(self.urls))) as pool:
-                list(pool.map(lambda url: fn(EngineClient(url, timeout)), self.urls))
+        if self.rank == 0 and self.clients:
+            with ThreadPoolExecutor(min(32, len(self.clients))) as pool:
+                list(pool.map(fn, self.clients))
 
     def open_weight_group(self, group_name: str) -> None:
         self.group = group_name
-        world = len(self.urls) + 1
+        world = len(self.clients) + 1
         self._each(lambda c: c.init_weights_update_group("127.0.0.1", 0, 1, world, group_name))
 
     def update_weights(self, weight_version: int) -> dict:
@@ -126,7 +128,7 @@ class SimTrainerRank:
 
     @ray.method(concurrency_group="restore")
     def restore_engines(self, engine_urls: list[str], group_name: str) -> str:
-        self.urls = list(engine_urls)
+        self.connect_engines(engine_urls)
         self.open_weight_group(group_name)
         self.update_weights(int(self.version))
         return self.version
@@ -155,4 +157,5 @@ class SimTrainerRank:
         pass
 
     def shutdown(self) -> None:
-        pass
+        for client in self.clients:
+            client.close()

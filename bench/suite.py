@@ -79,6 +79,12 @@ BENCHES: list[Bench] = [
     Bench("bench.memory_growth"),
     Bench("bench.scaling"),
     Bench("bench.lora_compare"),
+    # the control plane at cluster scale against simulated engines (~15 minutes on 2 cores)
+    Bench(
+        "bench.scale_sweep",
+        ["--points", "1x1k,8x1k,32x1k,128x1k,8x8k,32x8k,8x32k,256x8k", "--png", "bench/scale_sweep.png"],
+        timeout_s=3600,
+    ),
 ]
 
 

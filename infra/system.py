@@ -185,8 +185,13 @@ class RLSystem:
         """rollout.engine_urls: the servers already running, once each answers /health."""
         urls = list(self.cfg.rollout.engine_urls)
         timeout = self.cfg.rollout.startup_timeout_s
+
+        def wait(url: str) -> None:
+            with EngineClient(url) as client:
+                client.wait_healthy(timeout)
+
         with ThreadPoolExecutor(min(32, len(urls))) as pool:
-            list(pool.map(lambda url: EngineClient(url).wait_healthy(timeout), urls))
+            list(pool.map(wait, urls))
         log.info("attached to %d running engines", len(urls))
         startup.mark("engines_up")
         return urls

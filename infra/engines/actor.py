@@ -57,8 +57,7 @@ class EngineActor:
         is paused around the load (see `paused`), so it never waits behind a running one."""
         with tempfile.TemporaryDirectory(prefix="prl-weights-") as tmp:
             local = localize(uri, storage_options, cache_root=tmp)
-            client = EngineClient(self.url, self.cfg.rollout.request_timeout_s)
-            with paused(client):
+            with EngineClient(self.url, self.cfg.rollout.request_timeout_s) as client, paused(client):
                 client.update_weights_from_disk(local, weight_version)
 
     def load_lora_from_disk(self, uri: str, storage_options: dict, lora_name: str) -> None:
@@ -69,11 +68,13 @@ class EngineActor:
         there. Generation goes on meanwhile: an adapter load leaves the base weights as they are."""
         with tempfile.TemporaryDirectory(prefix="prl-lora-") as tmp:
             local = copy_adapter(uri, storage_options, os.path.join(tmp, "adapter"))
-            EngineClient(self.url, self.cfg.rollout.request_timeout_s).load_lora_adapter(lora_name, local)
+            with EngineClient(self.url, self.cfg.rollout.request_timeout_s) as client:
+                client.load_lora_adapter(lora_name, local)
 
     def unload_lora(self, lora_name: str) -> None:
         """Unload an adapter; returns once the requests using it have finished."""
-        EngineClient(self.url, self.cfg.rollout.request_timeout_s).unload_lora_adapter(lora_name)
+        with EngineClient(self.url, self.cfg.rollout.request_timeout_s) as client:
+            client.unload_lora_adapter(lora_name)
 
     def restart(self, model_uri: str, storage_options: dict) -> str:
         """Replace a dead or hung server with a fresh one (a new port); returns its URL.

@@ -60,13 +60,16 @@ class EngineFleet:
         self.restart_args = restart_args
         self.restarts = [0] * len(urls)
         self.recoveries: list[dict] = []  # one record per recovery: engine, URLs, version, timings
+        # one client per engine, kept: its connections serve every request and health probe
+        # (they close with the manager's process, or when the engine is replaced)
+        self._clients = [EngineClient(url, request_timeout_s) for url in self.urls]
         self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
 
     def __len__(self) -> int:
         return len(self.urls)
 
     def client(self, e: int) -> EngineClient:
-        return EngineClient(self.urls[e], self.request_timeout_s)
+        return self._clients[e]
 
     def call(self, e: int, fn: Callable[[EngineClient], T]) -> T:
         """`fn(client of engine e)`, watched; after a recovery of engine e it runs again."""
@@ -121,6 +124,8 @@ class EngineFleet:
             old = self.urls[e]
             log.warning("engine %d at %s is down (%s): restarting it", e, old, cause)
             self.urls[e] = ray.get(self.actors[e].restart.remote(*self.restart_args))
+            dead, self._clients[e] = self._clients[e], EngineClient(self.urls[e], self.request_timeout_s)
+            dead.close()
             t_restart = time.monotonic() - t0
             version = self.transport.restore(list(self.urls), e) if self.transport is not None else None
             self.restarts[e] += 1

@@ -330,14 +330,15 @@ def _log_tail(log_path: str | None, max_chars: int = 4000) -> str:
 def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     """Poll /health until it answers; fail at once, with the log tail, if the server exits."""
     log_path = getattr(proc, "log_path", None)
-    client = EngineClient(url)
 
-    def up() -> bool:
+    def up(client: EngineClient) -> bool:
         if proc.poll() is not None:
             raise EngineError(f"engine at {url} exited with code {proc.returncode}:\n{_log_tail(log_path)}")
         return client.health()
 
-    if not poll(up, timeout_s, HEALTH_POLL_S):
+    with EngineClient(url) as client:
+        healthy = poll(lambda: up(client), timeout_s, HEALTH_POLL_S)
+    if not healthy:
         stop_engine(proc)
         raise EngineError(f"engine at {url} not healthy after {timeout_s} s:\n{_log_tail(log_path)}")
     forget_secrets(proc)

@@ -16,6 +16,8 @@ def test_one_tiny_point_runs_the_flow_and_reports(tmp_path, capsys):
     [row] = [line for line in out.splitlines() if line.startswith("| 2 | 256 |")]
     assert float(row.split("|")[4]) > 0  # the physical limit, from the rollouts' real lengths
     assert "BOTTLENECK" in out and png.stat().st_size > 0
+    [ratio] = [line for line in out.splitlines() if line.startswith("RATIO ")]
+    assert "2 engines x 256 samples: " in ratio and "n=1)" in ratio  # iteration 1 is measured
     run = tmp_path / "runs" / "2x256" / "runs" / "scale"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [0, 1, 2]
