@@ -16,7 +16,7 @@ Many engines share one process (one aiohttp app per engine on its own port, one 
   sequence at once with the tokens it has (finish `abort`);
 - weight updates (group, session, distributed, disk) only record the version they name:
   no tensor arrives (nothing broadcasts to a simulated engine);
-- a control route (pause, continue, the weight routes) answers after `control_s`, as a real
+- a control route (pause, continue, the weight routes, /server_info) answers after `control_s`, as a real
   engine's take a while: a caller that posts to many engines one at a time shows it.
 
 Replies have the shape of the built-in server's (infra/engine_server/protocol.py `reply`):
@@ -209,6 +209,7 @@ class SimEngine:
         return web.json_response(info)
 
     async def server_info(self, request: web.Request) -> web.Response:
+        await self._control_time()
         return web.json_response({"dtype": "float32", "tp_size": 1, "simulated": asdict(self.spec)})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
