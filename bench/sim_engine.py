@@ -15,7 +15,9 @@ Many engines share one process (one aiohttp app per engine on its own port, one 
 - /pause_generation holds sequences that have not started; /abort_request ends a running
   sequence at once with the tokens it has (finish `abort`);
 - weight updates (group, session, distributed, disk) only record the version they name:
-  no tensor arrives (nothing broadcasts to a simulated engine).
+  no tensor arrives (nothing broadcasts to a simulated engine);
+- a control route (pause, continue, the weight routes, /server_info) answers after `control_s`, as a real
+  engine's take a while: a caller that posts to many engines one at a time shows it.
 
 Replies have the shape of the built-in server's (infra/engine_server/protocol.py `reply`):
 `text`, `output_ids`, `meta_info` with `id`, `finish_reason`, `prompt_tokens`,
@@ -53,6 +55,7 @@ class SimSpec:
     slots: int = 64
     slot_tokens_per_s: float = 40.0
     vocab: int = 40  # ids drawn in [4, vocab): the tiny model's characters (0..3 are special)
+    control_s: float = 0.0  # how long a control route takes to answer
 
     def length(self, seed: int) -> int:
         """Response tokens of the sample with this sampling_seed (before max_new_tokens)."""
@@ -174,20 +177,31 @@ class SimEngine:
 
     async def pause(self, request: web.Request) -> web.Response:
         self.running.clear()
+        await self._control_time()
         return _ok("paused")
 
     async def resume(self, request: web.Request) -> web.Response:
+        await self._control_time()
         self.running.set()
         return _ok("continued")
 
     async def update(self, request: web.Request) -> web.Response:
         body = await _json(request)
+        await self._control_time()
         if body.get("weight_version") is not None:
             self.stats.weight_version = str(body["weight_version"])
         self.stats.updates += 1
         return _ok("updated (simulated: no tensors)")
 
+    async def _control_time(self) -> None:
+        if self.spec.control_s > 0:  # none by default: the sweep's engines answer at once
+            await asyncio.sleep(self.spec.control_s)
+
     async def ok(self, request: web.Request) -> web.Response:
+        return _ok("ok")
+
+    async def control(self, request: web.Request) -> web.Response:
+        await self._control_time()
         return _ok("ok")
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -195,6 +209,7 @@ class SimEngine:
         return web.json_response(info)
 
     async def server_info(self, request: web.Request) -> web.Response:
+        await self._control_time()
         return web.json_response({"dtype": "float32", "tp_size": 1, "simulated": asdict(self.spec)})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
@@ -216,7 +231,7 @@ class SimEngine:
             app.router.add_post(route, self.update)
         for route in ("/init_weights_update_group", "/destroy_weights_update_group", "/begin_weight_update",
                       "/end_weight_update", "/release_memory_occupation", "/resume_memory_occupation"):  # fmt: skip
-            app.router.add_post(route, self.ok)
+            app.router.add_post(route, self.control)
         app.router.add_route("*", "/flush_cache", self.ok)
         for route in ("/health", "/health_generate"):
             app.router.add_get(route, self.ok)

@@ -6,10 +6,12 @@ Selected by `cluster.trainer_class=bench.sim_trainer:SimTrainerRank`; its times 
 environment (Ray workers of a local cluster inherit the driver's), as JSON in
 `PRL_SIM_TRAINER`: `{"s_per_sample": 0.0005, "sync_s": 0.2}`.
 
-A weight sync posts what rank 0 of the broadcast transport posts to every engine, in
-parallel: /pause_generation (retract), /begin_weight_update, one
-/update_weights_from_distributed naming the new version, /end_weight_update,
-/continue_generation; `sync_s` stands for the broadcast itself (no tensor is sent).
+A weight sync posts what rank 0 of the broadcast transport posts to every engine, and as it
+does (`BroadcastSender`): one thread per engine runs that engine's requests in order, so
+every engine's request is in flight at once: /pause_generation (retract) and
+/begin_weight_update; then one /update_weights_from_distributed naming the new version,
+in flight while `sync_s` passes for the broadcast itself (no tensor is sent; a real engine
+answers it once the broadcast has arrived); then /end_weight_update and /continue_generation.
 Checkpoints are a small JSON file per rank, so saves and their commit run as in a real run.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
 
 import ray
@@ -43,7 +46,9 @@ class SimTrainerRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.settings = sim_settings()
         self.inbox = BatchInbox()
-        self.clients: list[EngineClient] = []  # kept, as the real rank keeps its engine links
+        # kept, as the real rank keeps its engine links, with a thread per engine (one tuple:
+        # a sync reads both at once while connect_engines may replace them)
+        self.fanout: tuple[list[EngineClient], ThreadPoolExecutor | None] = ([], None)
         self.group = ""
         self.version = "0"
 
@@ -92,18 +97,25 @@ class SimTrainerRank:
     @ray.method(concurrency_group="restore")
     def connect_engines(self, engine_urls: list[str]) -> None:
         # the previous clients are not closed here: a sync may still be using them (this runs
-        # beside it, in the restore group); they close once dropped
+        # beside it, in the restore group); they close once dropped, and so do the old threads
         timeout = self.cfg.weight_sync.timeout_s
-        self.clients = [EngineClient(url, timeout) for url in engine_urls]
+        clients = [EngineClient(url, timeout) for url in engine_urls]
+        pool = ThreadPoolExecutor(max(1, len(clients)), thread_name_prefix="sim-weight-post")
+        self.fanout = (clients, pool)
 
-    def _each(self, fn) -> None:
-        if self.rank == 0 and self.clients:
-            with ThreadPoolExecutor(min(32, len(self.clients))) as pool:
-                list(pool.map(fn, self.clients))
+    def _submit(self, fn: Callable[[EngineClient], None]) -> list[Future]:
+        clients, pool = self.fanout
+        if self.rank != 0 or pool is None:
+            return []
+        return [pool.submit(fn, client) for client in clients]
+
+    def _each(self, fn: Callable[[EngineClient], None]) -> None:
+        for request in self._submit(fn):
+            request.result()  # an engine's failure names its URL (EngineError)
 
     def open_weight_group(self, group_name: str) -> None:
         self.group = group_name
-        world = len(self.clients) + 1
+        world = len(self.fanout[0]) + 1
         self._each(lambda c: c.init_weights_update_group("127.0.0.1", 0, 1, world, group_name))
 
     def update_weights(self, weight_version: int) -> dict:
@@ -114,14 +126,19 @@ class SimTrainerRank:
             c.pause_generation(PAUSE_MODE)
             c.begin_weight_update()
 
-        def resume(c: EngineClient) -> None:
+        def announce(c: EngineClient) -> None:
             c.update_weights_from_distributed(["sim"], ["float32"], [[1]], self.group, weight_version=version)
+
+        def resume(c: EngineClient) -> None:
             c.end_weight_update()
             c.continue_generation()
 
         self._each(pause)
+        posts = self._submit(announce)
         if self.rank == 0:
             time.sleep(self.settings["sync_s"])  # the broadcast this stand-in does not make
+        for post in posts:
+            post.result()
         self._each(resume)
         self.version = version
         return {"time_sync_s": time.perf_counter() - start, "num_buckets": 1, "bytes": 0}
@@ -157,5 +174,8 @@ class SimTrainerRank:
         pass
 
     def shutdown(self) -> None:
-        for client in self.clients:
+        clients, pool = self.fanout
+        if pool is not None:
+            pool.shutdown(wait=False)
+        for client in clients:
             client.close()

@@ -313,6 +313,13 @@ class BroadcastSender:
         self.timings["reply_wait_s"] += t2 - t1
         return sum(t.numel() * t.element_size() for t in transfer.payload)
 
+    def _destroy(self, link: EngineLink) -> str | None:
+        try:
+            link.client.destroy_weights_update_group(self.group_name)
+        except Exception as exc:  # noqa: BLE001 - an engine may already be gone
+            return f"{link.url}: {exc}"
+        return None
+
     def take_timings(self) -> dict[str, float]:
         """Seconds per phase since the last call, summed over buckets and engines:
         `session_begin_s` (round trips run in the background), `announce_s`, `pack_s`
@@ -324,13 +331,11 @@ class BroadcastSender:
         return out
 
     def close(self) -> None:
-        """Destroy the group on every engine, then here (each side tears down its own end)."""
-        errors = []
-        for link in self.links:
-            try:
-                link.client.destroy_weights_update_group(self.group_name)
-            except Exception as exc:  # noqa: BLE001 - an engine may already be gone
-                errors.append(f"{link.url}: {exc}")
+        """Destroy the group on every engine, all at once, then here (each side tears down its
+        own end). Not on the engines' queues: a post that hangs on a dead engine would hold it."""
+        with ThreadPoolExecutor(max(1, len(self.links)), thread_name_prefix="weight-close") as pool:
+            outcomes = list(pool.map(self._destroy, self.links))
+        errors = [error for error in outcomes if error is not None]
         if self.group is not None:
             close_update_group(self.group)
             self.group = None

@@ -1,22 +1,30 @@
 """Pure parts of the weight path: group layout, the engines' dtype, export clean-up, unique
-group names, and the engine actor loading an export from local or S3 storage."""
+group names, and the engine actor loading an export from local or S3 storage; and the
+engines asked and released all at once (simulated engines that take a while to answer)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+import threading
+import time
 
 import fsspec
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.sim_engine import SimSpec, serve
 from infra.config import RunConfig, TinyModelConfig
 from infra.engines.actor import EngineActor
+from infra.engines.client import EngineClient, EngineError
 from infra.model.tiny import build_tiny_model
 from infra.storage.fs import RunStore, storage_options
-from infra.weights.engines import group_layout, resolve_dtype
+from infra.weights.broadcast import BroadcastSender
+from infra.weights.engines import EngineLink, connect_engines, group_layout, resolve_dtype
 from infra.weights.transport import export_rel, group_name_for, remove_older_exports
+from tests.ports import free_port
 
 
 def test_group_layout_counts_tp_ranks():
@@ -120,3 +128,38 @@ def test_engine_actor_gives_up_on_other_start_failures(tmp_path):
     with pytest.raises(EngineError, match="exited with code"):
         actor.start(str(tmp_path / "broken"), {})
     actor.stop()
+
+
+ANSWER_S = 0.4  # each simulated engine's time to answer /server_info and the group routes
+
+
+@pytest.fixture(scope="module")
+def slow_engines() -> list[str]:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    yield asyncio.run_coroutine_threadsafe(serve(SimSpec(control_s=ANSWER_S), 16), loop).result(timeout=60)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_engines_are_asked_and_released_all_at_once(slow_engines):
+    t0 = time.perf_counter()
+    links = connect_engines(slow_engines, 1, {"dtype": "float32"}, timeout_s=30)
+    asked = time.perf_counter() - t0
+    assert [link.rank_offset for link in links] == list(range(1, 17))
+    assert [link.url for link in links] == slow_engines and {link.dtype for link in links} == {torch.float32}
+    sender = BroadcastSender(links, "fan-out", timeout_s=30)
+    t0 = time.perf_counter()
+    sender.close()
+    released = time.perf_counter() - t0
+    # one engine at a time would take 16 answers each
+    assert asked < 4 * ANSWER_S and released < 4 * ANSWER_S, (asked, released)
+
+
+def test_an_engine_that_does_not_answer_is_named(slow_engines):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(EngineError, match=dead):
+        connect_engines([*slow_engines[:2], dead], 1, {"dtype": "float32"}, timeout_s=30)
+    links = connect_engines(slow_engines[:2], 1, {"dtype": "float32"}, timeout_s=30)
+    links.append(EngineLink(EngineClient(dead, 30), 3, 1, torch.float32))
+    with pytest.raises(RuntimeError, match=f"destroy_weights_update_group failed on .*{dead}"):
+        BroadcastSender(links, "fan-out", timeout_s=30).close()
