@@ -4,7 +4,6 @@ rollout manager (without Ray) as a real engine does: shapes, lengths, versions, 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,16 +15,15 @@ from infra.config import RunConfig, TinyModelConfig
 from infra.engines.client import EngineClient
 from infra.model.tiny import build_tiny_model
 from infra.rollout.manager import RolloutManager
+from tests.background_loop import background_loop
 
 SPEC = SimSpec(median_tokens=8, slots=4, slot_tokens_per_s=2000)
 
 
 @pytest.fixture(scope="module")
 def loop():
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
+    with background_loop() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from bench.sim_engine import SimSpec, serve
 from bench.sim_trainer import ENV, SimTrainerRank
 from infra.config import RunConfig
 from infra.engines.client import EngineClient, EngineError
+from tests.background_loop import background_loop
 from tests.ports import free_port
 
 ENGINES = 48  # more than a pool of 32 threads serves at once
@@ -23,10 +23,8 @@ ANSWER_S = 0.4  # each control route's answer time
 
 @pytest.fixture(scope="module")
 def loop():
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
+    with background_loop() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
