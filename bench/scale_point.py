@@ -176,6 +176,30 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def _start_flow(spec: PointSpec, config: Path, s_per_sample: float, log: Path) -> subprocess.Popen:
+    """`flows.train` on the point's config, with the trainer stand-in's timings in its env."""
+    env = {**os.environ, TRAINER_ENV: json.dumps({"s_per_sample": s_per_sample, "sync_s": spec.sync_s})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.train", "--config", str(config)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def _limits(
+    spec: PointSpec, run_dir: Path, window: list[int], t_train: float, rate: float
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per iteration k of the window: the physical limit and the ideal generate time."""
+    limits, ideal = {}, {}
+    for k in window:  # the period of k holds the generation of k + 1 (see the docstring)
+        lengths = pq.read_table(run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids"])
+        lens = [len(x) for x in lengths.column("response_ids").to_pylist()]
+        ideal[k] = ideal_generate_s(lens, spec.engines, spec.slots, rate)
+        limits[k] = max(ideal[k], t_train) + spec.sync_s
+    return limits, ideal
+
+
 def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> dict:
     """Run one point; its figures (see bench/scale_sweep.py for the table)."""
     first, last = 1, spec.iterations - 1
@@ -184,14 +208,7 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
     procs, urls = start_engines(spec, rate, tmp)
     engine_procs = [psutil.Process(p.pid) for p in procs]
     try:
-        config = write_run_config(spec, urls, tmp)
-        env = {**os.environ, TRAINER_ENV: json.dumps({"s_per_sample": s_per_sample, "sync_s": spec.sync_s})}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        with log.open("w") as out:
-            flow = subprocess.Popen(
-                [sys.executable, "-m", "flows.train", "--config", str(config)],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        flow = _start_flow(spec, write_run_config(spec, urls, tmp), s_per_sample, log)
         root, t_start = psutil.Process(flow.pid), time.monotonic()
         metrics, run_dir = tmp / "runs" / "scale" / "metrics.jsonl", tmp / "runs" / "scale"
         reads = []
@@ -220,12 +237,7 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
     periods = start_to_start(rows)
     window = [k for k in range(first, last) if k in periods]
     t_train = spec.samples * s_per_sample
-    limits, ideal = {}, {}
-    for k in window:  # the period of k holds the generation of k + 1 (see the docstring)
-        lengths = pq.read_table(run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids"])
-        lens = [len(x) for x in lengths.column("response_ids").to_pylist()]
-        ideal[k] = ideal_generate_s(lens, spec.engines, spec.slots, rate)
-        limits[k] = max(ideal[k], t_train) + spec.sync_s
+    limits, ideal = _limits(spec, run_dir, window, t_train, rate)
     by_row = {r["rollout_id"]: r for r in rows if "rollout_id" in r}
     wall = t1 - t0
     return {
