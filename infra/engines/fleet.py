@@ -61,7 +61,7 @@ class EngineFleet:
         self.restarts = [0] * len(urls)
         self.recoveries: list[dict] = []  # one record per recovery: engine, URLs, version, timings
         # one client per engine, kept: its connections serve every request and health probe
-        # (they close with the manager's process, or when the engine is replaced)
+        # (they close with the manager's process, or once a replaced engine's client is dropped)
         self._clients = [EngineClient(url, request_timeout_s) for url in self.urls]
         self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
 
@@ -124,8 +124,10 @@ class EngineFleet:
             old = self.urls[e]
             log.warning("engine %d at %s is down (%s): restarting it", e, old, cause)
             self.urls[e] = ray.get(self.actors[e].restart.remote(*self.restart_args))
-            dead, self._clients[e] = self._clients[e], EngineClient(self.urls[e], self.request_timeout_s)
-            dead.close()
+            # the old client is dropped, not closed: another thread may still watch a request on
+            # it, whose failure and health probe must read as the engine's fault (EngineError,
+            # False), not as a closed client's RuntimeError that no recovery catches
+            self._clients[e] = EngineClient(self.urls[e], self.request_timeout_s)
             t_restart = time.monotonic() - t0
             version = self.transport.restore(list(self.urls), e) if self.transport is not None else None
             self.restarts[e] += 1
