@@ -145,11 +145,15 @@ def compute_advantages(
     raise ValueError(f"algorithm.advantage_estimator={estimator!r} has no outcome-only advantage")
 
 
+def _flat(rewards: list[float]) -> bool:
+    """A group of 2+ samples whose rewards all agree."""
+    return len(rewards) > 1 and all(x == rewards[0] for x in rewards)
+
+
 def zero_variance_groups(rewards: list[float], groups: list[int]) -> tuple[int, int]:
     """(groups of 2+ samples whose rewards all agree, all groups): such groups carry no signal."""
     members = _groups(rewards, groups)
-    flat = sum(1 for v in members.values() if len(v) > 1 and all(x == v[0] for x in v))
-    return flat, len(members)
+    return sum(1 for v in members.values() if _flat(v)), len(members)
 
 
 def stuck_groups(rewards: list[float], groups: list[int]) -> tuple[int, int]:
@@ -159,5 +163,4 @@ def stuck_groups(rewards: list[float], groups: list[int]) -> tuple[int, int]:
     same way every time: stuck, unless sampling finds a better answer."""
     members = _groups(rewards, groups)
     best = max(rewards, default=0.0)
-    stuck = sum(1 for v in members.values() if len(v) > 1 and all(x == v[0] for x in v) and v[0] < best)
-    return stuck, len(members)
+    return sum(1 for v in members.values() if _flat(v) and v[0] < best), len(members)
