@@ -42,7 +42,7 @@ async def drive(cfg: RunConfig) -> None:
         return asyncio.create_task(asyncio.to_thread(fn, *args))
 
     checked = preflight(cfg)  # as the flow: the same checks, and the train rows' count
-    with RLSystem(cfg, {API_KEY_ENV: secrets.token_urlsafe(24)}) as run:
+    with RLSystem(cfg, {API_KEY_ENV: secrets.token_hex(24)}) as run:
         start = run.restore()
         schedule = LoopSchedule.from_config(cfg, checked.num_train_prompts, start)
         await asyncio.to_thread(run.sync, start)

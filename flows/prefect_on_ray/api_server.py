@@ -164,7 +164,9 @@ def worker_env(api_url: str | None = None) -> dict[str, str]:
         raise RuntimeError("no Prefect API URL: run through `python -m flows.train` or set PREFECT_API_URL")
     env = {
         "PREFECT_API_URL": url,
-        API_KEY_ENV: secrets.token_urlsafe(24),
+        # hex, never a leading '-' (a url-safe token starts with one 1 time in 64): SGLang
+        # turns its config file's values into argv, and argparse reads such a value as a flag
+        API_KEY_ENV: secrets.token_hex(24),
         # Ray copies every line a worker prints to the driver's terminal (a log monitor tails
         # the files, the driver prints them): a task run's INFO lines cost its worker, Ray and
         # the flow's process CPU (measured with trivial task runs: 28-30 -> 24 ms each, end to

@@ -244,6 +244,10 @@ def launch_engine(
 
 def _secrets_file(key: str) -> tuple[str, str]:
     """A private SGLang config file holding the API key: its folder and its path."""
+    if key.startswith("-"):
+        # SGLang turns the file's values into argv ("--api-key", key) and argparse then
+        # takes the key for a flag: the server would exit at start with a usage message
+        raise ValueError(f"{API_KEY_ENV} starts with '-', which SGLang cannot read: choose another key")
     config_dir = tempfile.mkdtemp(prefix="prl-sglang-")  # 0700: this user only
     config_file = os.path.join(config_dir, "secrets.yaml")
     fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,9 @@ import pytest
 from infra.config import LoraConfig
 from infra.config_files import load_config
 from infra.engines.actor import sglang_launch
-from infra.engines.launch import SGLangLaunch, engine_command
-from tests.sglang.conftest import run_json
+from infra.engines.launch import SGLangLaunch, engine_command, launch_engine
+from infra.secrets import API_KEY_ENV
+from tests.sglang.conftest import SIDE, run_json, sglang_env
 
 pytestmark = pytest.mark.sglang
 
@@ -58,6 +61,27 @@ def test_cpu_colocated_and_keyed_launch_commands_parse_to_what_we_meant(sglang_p
     colocated = engine_command("sglang", "/m", "h", 1, 0, 1, {}, sglang=SGLangLaunch(colocate=True))
     parsed = run_json(sglang_python, "parse_launch.py", colocated)
     assert parsed["enable_memory_saver"] and parsed["enable_weights_cpu_backup"]
+
+
+
+def test_a_key_with_a_leading_dash_is_refused_before_sglang_sees_it(sglang_python, tmp_path, monkeypatch):
+    """SGLang's config file merger hands each value to argparse as its own argv word, so a key
+    starting with '-' reads as a flag (the assumption the guard in launch_engine rests on)."""
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text('api-key: "-k123"\n')
+    cmd = engine_command("sglang", "/m", "h", 1, 0, 1, {}, sglang=SGLangLaunch(), config_file=str(secrets))
+    done = subprocess.run(
+        [sglang_python, str(SIDE / "parse_launch.py")],
+        input=json.dumps(cmd),
+        env=sglang_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode != 0 and "--api-key: expected one argument" in done.stderr
+    monkeypatch.setenv(API_KEY_ENV, "-k123")
+    with pytest.raises(ValueError, match=API_KEY_ENV):
+        launch_engine("sglang", "/m", "127.0.0.1", 1, seed=0, threads=1)
 
 
 def _lora_cfg(base: str, sync: str, gpus: int):
