@@ -63,7 +63,6 @@ def test_cpu_colocated_and_keyed_launch_commands_parse_to_what_we_meant(sglang_p
     assert parsed["enable_memory_saver"] and parsed["enable_weights_cpu_backup"]
 
 
-
 def test_a_key_with_a_leading_dash_is_refused_before_sglang_sees_it(sglang_python, tmp_path, monkeypatch):
     """SGLang's config file merger hands each value to argparse as its own argv word, so a key
     starting with '-' reads as a flag (the assumption the guard in launch_engine rests on)."""
