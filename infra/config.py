@@ -490,6 +490,10 @@ class DataConfig(_SeededSection):
     )
 
 
+# verl's ppo_max_token_len_per_gpu default: the micro-batch budget when none is set
+DEFAULT_MICRO_BATCH_TOKENS = 16384
+
+
 class AlgorithmConfig(_SeededSection):
     seed_field: ClassVar[str] = "seed"
     seed_offset: ClassVar[int] = 42
@@ -514,16 +518,22 @@ class AlgorithmConfig(_SeededSection):
         "With one step per iteration and ppo_epochs 1 (and no KL in the reward), the loss's forward also "
         "gives the old logprobs; more steps add a no-grad forward of the rollout for them.",
     )
-    micro_batch_size: int = Field(32, ge=1, description="Samples per forward/backward on one rank.")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per forward/backward on one rank. Empty: micro-batches by token budget "
+        "(micro_batch_tokens, or 16384 padded tokens when that is empty too).",
+    )
     micro_batch_tokens: int | None = Field(
         None,
         ge=2,
-        description="Form micro-batches by a token budget instead of micro_batch_size (verl: "
-        "use_dynamic_bsz with ppo_max_token_len_per_gpu): each rank packs the step's samples, sorted "
-        "by length, while rows x longest row (prompt + response, padded) stays within this many "
-        "tokens; a longer sample runs alone. Ranks get equal sample counts of near-equal tokens and the "
-        "same number of micro-batches. The loss and gradients equal the sample-count path's. Empty: "
-        "micro_batch_size.",
+        description="Form micro-batches by a token budget (verl: use_dynamic_bsz with "
+        "ppo_max_token_len_per_gpu): each rank packs the step's samples, sorted by length, while rows x "
+        "longest row (prompt + response, padded) stays within this many tokens; a longer sample runs "
+        "alone. Ranks get equal sample counts of near-equal tokens and the same number of micro-batches. "
+        "The loss and gradients equal the sample-count path's. Set, it wins over micro_batch_size; with "
+        "both empty the budget is 16384 (verl's default), which puts the demo's whole step in one "
+        "micro-batch per rank.",
     )
     ppo_epochs: int = Field(
         1, ge=1, description="Passes over each rollout; each pass takes one optimizer step per global batch."
@@ -591,6 +601,13 @@ class AlgorithmConfig(_SeededSection):
         description="Seed of the trainer (model init is the model's own). Empty: derived from the run's "
         "`seed` (seed + 42).",
     )
+
+    @property
+    def token_budget(self) -> int | None:
+        """Padded tokens per micro-batch, or None for micro-batches of micro_batch_size samples."""
+        if self.micro_batch_tokens is not None or self.micro_batch_size is None:
+            return self.micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+        return None
 
     @property
     def agg_mode(self) -> str:

@@ -58,11 +58,12 @@ def plan_steps(
     samples: list[Sample], rank: int, world_size: int, gbs: int, cfg: AlgorithmConfig, device
 ) -> list[list[MicroBatch]]:
     """This rank's micro-batches of each optimizer step (every rank runs the same number)."""
-    if cfg.micro_batch_tokens is None:
+    budget = cfg.token_budget
+    if budget is None:
         plan = plan_by_count(len(samples), world_size, gbs, cfg.micro_batch_size)
     else:
         lengths = [padded_length(len(s.prompt_ids), len(s.response_ids)) for s in samples]
-        plan = plan_by_tokens(lengths, world_size, gbs, cfg.micro_batch_tokens)
+        plan = plan_by_tokens(lengths, world_size, gbs, budget)
     return [[collate([samples[i] for i in mb], mb, device) for mb in step[rank]] for step in plan]
 
 

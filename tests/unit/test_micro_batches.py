@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from infra.config import DEFAULT_MICRO_BATCH_TOKENS, AlgorithmConfig, RunConfig
 from infra.trainer.micro_batches import plan_by_count, plan_by_tokens
 
 
@@ -58,3 +59,22 @@ def test_token_plan_balances_tokens_across_ranks():
 def test_a_sample_longer_than_the_budget_runs_alone():
     plan = plan_by_tokens([100, 3, 3, 3], 1, global_batch_size=4, budget=10)
     assert plan == [[[[0], [1, 2, 3]]]]
+
+
+def test_which_plan_a_config_asks_for():
+    """Neither field set: a budget of 16384 tokens; micro_batch_size alone: by count;
+    micro_batch_tokens set: by tokens, whatever micro_batch_size says."""
+    assert AlgorithmConfig().token_budget == DEFAULT_MICRO_BATCH_TOKENS == 16384
+    assert AlgorithmConfig(micro_batch_size=8).token_budget is None
+    assert AlgorithmConfig(micro_batch_size=8, micro_batch_tokens=64).token_budget == 64
+
+
+def test_the_default_budget_trains_the_demo_step_in_one_micro_batch_per_rank():
+    """The demo's step (64 prompts x 16 samples, prompts of a few tokens, one new token) on
+    2 ranks: one forward/backward each, not 16 of 32 samples."""
+    cfg = RunConfig()
+    samples = cfg.rollout.prompts_per_rollout * cfg.rollout.n_samples_per_prompt
+    lengths = [random.Random(i).randint(6, 9) for i in range(samples)]
+    plan = plan_by_tokens(lengths, 2, samples, cfg.algorithm.token_budget)
+    assert [len(rank) for rank in plan[0]] == [1, 1]
+    assert sorted(i for rank in plan[0] for mb in rank for i in mb) == list(range(samples))
