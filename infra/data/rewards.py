@@ -101,6 +101,13 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+# Registered rewards whose time is linear in the response (which max_new_tokens bounds) and
+# that touch nothing outside it: they cannot hang, so `score` calls them in line. A thread
+# per item, for the timeout, cost more than the call: it was most of the rollout manager's
+# CPU at the demo shape (py-spy), 1024 one-token samples an iteration.
+LINEAR_TIME_REWARDS = (exact_match, prefix_match, char_match, contains, numeric_match)
+
+
 def resolve_reward(spec: str, data: DataConfig | None = None) -> RewardFn:
     """A registered reward by name, the function at `module:function` or `file.py:function`,
     or a reward service at `http(s)://...` (batched and retried per `data.remote_reward`)."""
@@ -214,7 +221,7 @@ def score(
         return [_result(v, reward_name(fn)) for v in values]
     if getattr(fn, "enforces_timeout", False):
         values = fn.call_many(items, kw)
-    elif timeout_s is None:
+    elif timeout_s is None or any(fn is r for r in LINEAR_TIME_REWARDS):  # `is`: fn may be unhashable
         values = [_call(fn, item, kw) for item in items]
     else:
         values = _call_all_with_timeout(fn, items, kw, timeout_s)

@@ -113,6 +113,24 @@ def test_a_reward_call_past_its_timeout_fails_only_its_sample(fn) -> None:
     assert "reward_timeout_s=0.5" in results[1].error and results[1].reward == 0.0
 
 
+def test_registered_linear_time_rewards_are_scored_in_line(monkeypatch) -> None:
+    """exact_match and its kin cannot hang: no reward thread per sample, even with a timeout;
+    a bad label still fails only its own sample."""
+    import infra.data.rewards as rewards
+
+    def no_threads(*a, **kw):
+        raise AssertionError("a linear-time reward went through the reward threads")
+
+    monkeypatch.setattr(rewards, "_call_all_with_timeout", no_threads)
+    for fn in rewards.LINEAR_TIME_REWARDS:
+        assert len(score(fn, [("p", "7", "7")] * 3, timeout_s=30.0)) == 3
+    results = score(rewards.numeric_match, [("p", "7", "7"), ("p", "7", "seven")], timeout_s=30.0)
+    assert [r.status for r in results] == ["completed", "failed"] and results[0].reward == 1.0
+    assert "ValueError" in results[1].error
+    with pytest.raises(AssertionError, match="reward threads"):  # any other reward still does
+        score(sleepy_reward, [("p", "ok", "l")], timeout_s=30.0)
+
+
 def test_reward_from_a_file_path(tmp_path) -> None:
     plugin = tmp_path / "grader.py"
     plugin.write_text("def score(prompt, response, label, **kw):\n    return 0.25\n")
