@@ -86,11 +86,14 @@ class EngineClient:
     ) -> tuple[Any, httpx.Headers]:
         """The reply's decoded body and its headers; an EngineError for any failure."""
         try:
+            # orjson writes a 1024-sample /generate body ~10x faster than the json httpx uses
+            content = None if body is None else orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            headers = _headers() if body is None else {**_headers(), "Content-Type": "application/json"}
             resp = self._http.request(
                 method,
                 f"{self.url}{path}",
-                json=body,
-                headers=_headers(),
+                content=content,
+                headers=headers,
                 timeout=timeout_s or self.timeout_s,
             )
         except httpx.HTTPError as exc:
