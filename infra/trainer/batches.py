@@ -33,25 +33,34 @@ def collate(samples: list[Sample], index: list[int], device: torch.device) -> Mi
     # and padded positions are masked out of every loss and metric. Length >= 2 so that a
     # micro-batch of empty responses still yields one (masked) target position.
     length = max(2, *(len(s.prompt_ids) + len(s.response_ids) for s in samples))
-    ids = torch.zeros(len(samples), length, dtype=torch.long)
-    mask = torch.zeros(len(samples), length - 1)
-    engine = torch.zeros(len(samples), length - 1)
-    engine_mask = torch.zeros(len(samples), length - 1)
-    for i, s in enumerate(samples):
+    width = length - 1
+    none = [0.0] * width
+    ids, mask, engine, engine_mask = [], [], [], []
+    # rows built as lists and turned into tensors once: a tensor op per sample was a fifth
+    # of a trainer rank's step at the demo's shape (512 samples a rank, py-spy)
+    for s in samples:
         p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        ids.append(s.prompt_ids + s.response_ids + [0] * (length - p - r))
         if r == 0 or p == 0:  # nothing to learn from (no response, or no context to predict it)
+            mask.append(none)
+            engine.append(none)
+            engine_mask.append(none)
             continue
         # logits at position t predict token t + 1: response token j is predicted at p + j - 1
         # tokens the environment wrote (loss_mask 0) are context only: no loss, no logprob gap
-        keep = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask is not None else 1.0
-        mask[i, p - 1 : p + r - 1] = keep
-        if len(s.engine_logprobs) == r:
-            engine[i, p - 1 : p + r - 1] = torch.tensor(s.engine_logprobs)
-            engine_mask[i, p - 1 : p + r - 1] = keep
-    advantages = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
-    tensors = (t.to(device) for t in (ids, mask, advantages, engine, engine_mask))
-    return MicroBatch(*tensors, index=list(index))
+        before, after = [0.0] * (p - 1), [0.0] * (length - p - r)
+        keep = [float(k) for k in s.loss_mask] if s.loss_mask is not None else [1.0] * r
+        mask.append(before + keep + after)
+        complete = len(s.engine_logprobs) == r
+        engine.append(before + [float(x) for x in s.engine_logprobs] + after if complete else none)
+        engine_mask.append(mask[-1] if complete else none)
+
+    def floats(rows: list) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.float32).to(device)
+
+    ids_t = torch.tensor(ids, dtype=torch.long).to(device)
+    advantages = floats([[s.advantage] for s in samples])
+    return MicroBatch(ids_t, floats(mask), advantages, floats(engine), floats(engine_mask), index=list(index))
 
 
 def plan_steps(
