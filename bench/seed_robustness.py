@@ -81,7 +81,7 @@ def _first(pairs: list[tuple[int, float]], target: float) -> int | None:
     return next((k for k, v in pairs if v >= target), None)
 
 
-def summarize(rows: list[dict], target: float, within: int) -> dict:
+def summarize(rows: list[dict], target: float, within: int = 60) -> dict:
     rewards = [r["reward_mean"] for r in rows]
     evals = [(r["rollout_id"], r["eval_reward_mean"]) for r in rows if "eval_reward_mean" in r]
     early = [v for k, v in evals if k < within]
