@@ -522,7 +522,7 @@ class AlgorithmConfig(_SeededSection):
         None,
         ge=1,
         description="Samples per forward/backward on one rank. Empty: micro-batches by token budget "
-        "(micro_batch_tokens, or 16384 padded tokens when that is empty too).",
+        f"(micro_batch_tokens, or {DEFAULT_MICRO_BATCH_TOKENS} padded tokens when that is empty too).",
     )
     micro_batch_tokens: int | None = Field(
         None,
@@ -532,7 +532,7 @@ class AlgorithmConfig(_SeededSection):
         "longest row (prompt + response, padded) stays within this many tokens; a longer sample runs "
         "alone. Ranks get equal sample counts of near-equal tokens and the same number of micro-batches. "
         "The loss and gradients equal the sample-count path's. Set, it wins over micro_batch_size; with "
-        "both empty the budget is 16384 (verl's default), which puts the demo's whole step in one "
+        f"both empty the budget is {DEFAULT_MICRO_BATCH_TOKENS} (verl's default), which puts the demo's whole step in one "
         "micro-batch per rank.",
     )
     ppo_epochs: int = Field(
@@ -605,9 +605,9 @@ class AlgorithmConfig(_SeededSection):
     @property
     def token_budget(self) -> int | None:
         """Padded tokens per micro-batch, or None for micro-batches of micro_batch_size samples."""
-        if self.micro_batch_tokens is not None or self.micro_batch_size is None:
-            return self.micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
-        return None
+        if self.micro_batch_tokens is not None:
+            return self.micro_batch_tokens
+        return DEFAULT_MICRO_BATCH_TOKENS if self.micro_batch_size is None else None
 
     @property
     def agg_mode(self) -> str:
