@@ -22,6 +22,7 @@ from infra import startup
 from infra.cluster.ray_cluster import ray_session
 from infra.config import RunConfig
 from infra.config_files import load_config
+from infra.heap import freeze_startup_heap
 from infra.preflight import already_finished
 
 # What the flow's process imports for RLSystem.start and the preflight; `launch` loads it
@@ -68,5 +69,6 @@ def launch(
             # done before the flow imports the same packages: transformers' lazy module, imported
             # from two threads at once, can hand one of them a half-initialised name (ImportError)
             preload.join()
+            freeze_startup_heap()  # the imports, Ray's and Prefect's clients: alive for the run
             state = train(config, return_state=True)
     return 0 if state.is_completed() else 1

@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from infra.cluster.ray_cluster import CONTROL_RUNTIME_ENV
+from infra.heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class ControlWorker:
     def __init__(self, modules: list[str]) -> None:
         for name in modules:  # imported before the first call: the loop's first iterations are not slowed
             importlib.import_module(name)
+        freeze_startup_heap()  # Prefect's and the code's modules, alive as long as the worker
 
     def pid(self) -> int:
         return os.getpid()

@@ -49,6 +49,7 @@ from infra.engine_server.weight_routes import (
     add_weight_read_route,
     add_weight_update_routes,
 )
+from infra.heap import freeze_startup_heap
 from infra.secrets import API_KEY_ENV
 
 
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         max_request_tokens=args.max_request_tokens,
         max_body_bytes=max_body,
     )
+    freeze_startup_heap()  # the model and the imports: alive until the server stops
     try:
         # a short graceful shutdown: a request blocked in a collective must not hold SIGTERM up
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)

@@ -28,6 +28,7 @@ from infra.data.splits import train_and_eval_rows
 from infra.data.templating import PromptFormatter
 from infra.engines.client import EngineClient
 from infra.engines.fleet import EngineFleet
+from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
 from infra.model.tokenizer import load_tokenizer
 from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
@@ -115,6 +116,7 @@ class RolloutManager:
             transport,
             (self.model_uri, storage_options(self.cfg.storage)),
         )
+        freeze_startup_heap()  # the tokenizer, prompts and imports: alive for the whole run
 
     def _stop_token_ids(self, stops: list[str]) -> list[int]:
         ids = []

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from infra.config import RunConfig
+from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.trainer.batch_inbox import FromManager
@@ -50,6 +51,7 @@ class CriticRank(FSDPRank):
         self.model = self._load(path)
         c = self.cfg.critic
         self._optimize(c.lr, self.cfg.algorithm.betas, c.weight_decay, c.warmup_steps, "constant", 1.0)
+        freeze_startup_heap()
 
     def _load(self, path: str) -> torch.nn.Module:
         from infra.trainer.parallelize import parallelize

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import ray
 
 from infra.config import RunConfig
+from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import upload_dir
@@ -78,6 +79,7 @@ class TrainerRank(FSDPRank):
             alg.lr, alg.betas, alg.weight_decay, alg.warmup_steps, alg.lr_schedule, alg.min_lr_ratio
         )
         self.ref_model = self._load(model_path, trainable=False) if alg.kl_coef > 0 else None
+        freeze_startup_heap()
 
     def _load(self, model_path: str, trainable: bool) -> torch.nn.Module:
         import torch
@@ -168,6 +170,7 @@ class TrainerRank(FSDPRank):
             total=sft.epochs * steps,
         )  # fmt: skip
         self.ref_model = None
+        freeze_startup_heap()
         return {
             "examples": len(self._examples),
             "dropped": dropped,

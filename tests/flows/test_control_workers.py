@@ -9,6 +9,7 @@ else goes to an idle worker, or a new one when none is idle.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -196,3 +197,9 @@ def test_an_upstream_that_left_no_state_on_the_worker_counts_as_failed():
     state = finished_here(missing)
     assert state.is_failed() and state.state_details.task_run_id == missing
     assert str(missing) in state.message
+
+
+def test_a_worker_freezes_its_start_up_heap_out_of_the_collectors_walks(pool):
+    worker, _ = pool.pick([])
+    # Prefect, Ray and the code's modules: frozen once the worker's imports are done
+    assert ray.get(pool.send(worker, gc.get_freeze_count)) > 10_000
