@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import prefect
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, get_current_settings, temporary_settings
 
 from infra.lifetime import die_with_parent
@@ -36,6 +35,8 @@ RECORDER_BATCH = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
 }
+# where `flows` imports from: the server process imports its app from there (server_app.py)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Prefect's console handler level (its logging config, overridable per key from the environment)
 CONSOLE_LEVEL_ENV = "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"
 
@@ -64,8 +65,8 @@ class ApiServerStart:
             fd = listener.fileno()
             self.proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)),
-                    *("--factory", "prefect.server.api.server:create_app", "--fd", str(fd)),
+                    *(sys.executable, "-m", "uvicorn", "--app-dir", REPO_ROOT),
+                    *("--factory", "flows.prefect_on_ray.server_app:create_app", "--fd", str(fd)),
                     *("--log-level", "error", "--lifespan", "on"),
                 ],
                 pass_fds=(fd,),
