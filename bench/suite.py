@@ -51,6 +51,7 @@ BENCHES: list[Bench] = [
     Bench("bench.weight_sync"),
     Bench("bench.trainer_throughput"),
     Bench("bench.batch_staging"),
+    Bench("bench.gc_freeze"),
     Bench("bench.trl_compare", needs="trl"),
     # SGLang's real server on CPU as the engine (needs `make sglang-venv`)
     Bench("bench.engine_learning"),

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 LAYERS: list[set[str]] = [
     # the config tree and what every part may use
-    {"config", "config_docs", "config_files", "errors", "retry", "lifetime", "startup", "secrets"},
+    {"config", "config_docs", "config_files", "errors", "retry", "lifetime", "heap", "startup", "secrets"},
     {"cluster", "model", "storage", "tracking", "algorithms"},
     {"data"},
     # engine lifecycle (launch, actor, fleet) and the HTTP client every caller shares
