@@ -118,7 +118,12 @@ class FSDPRank:
 
         # only what trains: with a LoRA adapter the frozen base holds no optimizer state
         trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, weight_decay=weight_decay)
+        # foreach: each update op runs once over all parameters instead of once per parameter.
+        # PyTorch picks it by default only for CUDA tensors; on CPU the per-parameter loop pays
+        # DTensor's dispatch for every op of every parameter. The updates are the same.
+        self.optimizer = torch.optim.AdamW(
+            trained, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True
+        )
         schedule = partial(
             lr_factor,
             warmup=warmup,

@@ -111,6 +111,37 @@ def _load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     trainer.shutdown()
 
 
+def _adamw_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from infra.trainer.parallelize import init_distributed, parallelize
+
+    torch.set_num_threads(1)
+    init_distributed(rank, 2, ADDR, port)
+    params = {}
+    for foreach in (False, True):
+        model = parallelize(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99), foreach=foreach)
+        ids = torch.arange(24).reshape(4, 6) % 7 + rank  # each rank its own rows
+        for _ in range(3):
+            model(input_ids=ids).logits.square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        params[foreach] = _full_params(model)
+    torch.save(params, f"{out}/adamw{rank}.pt")
+
+
+def test_adamw_updates_fsdp2_shards_the_same_with_foreach(model_dir, tmp_path):
+    # the ranks' AdamW runs foreach (fsdp_rank.py), where PyTorch's CPU default is its
+    # per-parameter loop: three steps on sharded DTensors must end on the same weights
+    _spawn(_adamw_worker, 2, free_port(), str(model_dir), str(tmp_path))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"adamw{rank}.pt")
+        for name, tensor in got[False].items():
+            assert not torch.equal(tensor, got[True][name] * 0), name  # trained, not zero
+            assert torch.equal(got[True][name], tensor), name
+
+
 @pytest.fixture(scope="module")
 def trained(model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained")
