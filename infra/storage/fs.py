@@ -55,12 +55,21 @@ def _local_abspath(uri: str) -> str:
     return os.path.abspath(os.path.expanduser(uri.removeprefix("file://")))
 
 
+# Every call on a `filesystem` is retried by `with_retries`, within storage.retry_timeout_s.
+# botocore's own retries of a dropped connection (4, with waits doubling to 8 s) under each
+# of s3fs's tries stretched one attempt to 17-43 s, past that window (tests/unit/
+# test_storage_outage.py). torch.distributed.checkpoint's writers open their own
+# filesystems, which keep botocore's retries: nothing retries a checkpoint write around them.
+_ONE_BOTOCORE_ATTEMPT = {"retries": {"total_max_attempts": 1}}
+
+
 def filesystem(uri: str, options: dict) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem holding `uri` and the path inside it. `options` apply to S3 only, so
     one options dict (from `storage_options`) serves local and s3 paths alike."""
     if is_local(uri):
         return LocalFileSystem(), _local_abspath(uri)
-    return fsspec.core.url_to_fs(uri, **options)
+    config = {**options.get("config_kwargs", {}), **_ONE_BOTOCORE_ATTEMPT}
+    return fsspec.core.url_to_fs(uri, **{**options, "config_kwargs": config})
 
 
 def upload_dir(local_dir: str, uri: str, options: dict, retry_s: float = DEFAULT_RETRY_S) -> None:

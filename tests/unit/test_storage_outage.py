@@ -77,6 +77,20 @@ def proxy(moto_s3):
     p.close()
 
 
+# One attempt on a dropped connection: s3fs's own tries and their sleeps, with room for a
+# loaded machine.
+ONE_ATTEMPT_S = 6.0
+
+
+def test_zero_retry_time_is_one_attempt(proxy, s3_bucket):
+    store = store_via(proxy, s3_bucket, retry_s=0)
+    proxy.down = True
+    t0 = time.monotonic()
+    with pytest.raises(StorageUnavailable, match=r"for 0 s \(1 attempts\)"):
+        store.write_text("c.txt", "never")
+    assert time.monotonic() - t0 < ONE_ATTEMPT_S and proxy.dropped <= 5  # s3fs's 5 tries at most
+
+
 def store_via(proxy: DroppingProxy, bucket: str, retry_s: float) -> RunStore:
     s3fs.S3FileSystem.clear_instance_cache()
     cfg = StorageConfig(uri=f"{bucket}/runs", endpoint_url=proxy.endpoint, retry_timeout_s=retry_s)
@@ -111,8 +125,10 @@ def test_spent_retries_fail_clearly_and_keep_the_previous_checkpoint(proxy, s3_b
     ckpts.begin(1)
     ckpts.commit(1, {"next_rollout_id": 2})
     proxy.down = True
+    t0 = time.monotonic()
     with pytest.raises(StorageUnavailable, match=r"write s3://.*/outage/checkpoints/iter_0000002/meta.json"):
         ckpts.commit(2, {"next_rollout_id": 3})
+    assert time.monotonic() - t0 < 2 + ONE_ATTEMPT_S  # storage.retry_timeout_s holds
     proxy.down = False
     assert ckpts.latest() == 1 and not ckpts.is_committed(2)
     assert store.read_text("checkpoints/latest") == "iter_0000001"
@@ -140,7 +156,9 @@ def test_preflight_fails_fast_when_the_endpoint_is_down(proxy, s3_bucket):
     t0 = time.monotonic()
     with pytest.raises(PreflightError, match=r"storage.uri: cannot write to .*StorageUnavailable"):
         preflight(cfg)
-    assert time.monotonic() - t0 < 60
+    # the 2 s window and one last attempt (s3fs's own 5 tries sleep 1.9 s in all); botocore's
+    # retries under each of those would add up to 15 s per try
+    assert time.monotonic() - t0 < 2 + ONE_ATTEMPT_S
 
 
 def test_transient_or_not():
