@@ -4,7 +4,10 @@ A group whose rewards all agree has zero group-relative advantage: it costs a fo
 backward and teaches nothing. Dropping it and sampling the batch's prompts again (new
 seeds) keeps every optimizer step full of groups with signal. After the cap on extra
 rounds, dropped groups fill what is still missing, so a batch always has its full size
-(the optimizer steps stay the same shape).
+(the optimizer steps stay the same shape). An extra round that finds no group with signal
+ends the search early: the policy then answers every prompt of the batch the same way on
+every sample (all solved, or all out of reach), and more rounds at the same temperature
+would only repeat the cost.
 """
 
 from __future__ import annotations
@@ -28,18 +31,28 @@ def _varied(group: list[Sample]) -> bool:
 def fill_with_signal(
     draw: Callable[[int], list[Sample]], num_groups: int, max_extra_rounds: int
 ) -> tuple[list[Sample], dict]:
-    """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found.
+    """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found,
+    `max_extra_rounds` rounds past the first are spent, or an extra round finds none.
 
     Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and counts:
-    rounds drawn, zero-variance groups dropped, and dropped groups used to fill a short batch.
+    rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, and
+    the mean reward of the first round (the batch's own mean leaves out solved prompts, so it
+    reads below what the policy scores).
     """
     kept: list[list[Sample]] = []
     flat: list[list[Sample]] = []
     rounds = 0
+    first_round_reward = 0.0
     while rounds <= max_extra_rounds and len(kept) < num_groups:
-        for group in _groups(draw(rounds)):
+        found = len(kept)
+        drawn = draw(rounds)
+        if rounds == 0:
+            first_round_reward = sum(s.reward for s in drawn) / max(1, len(drawn))
+        for group in _groups(drawn):
             (kept if _varied(group) else flat).append(group)
         rounds += 1
+        if rounds > 1 and len(kept) == found:
+            break
     chosen = kept[:num_groups]
     filled = flat[: num_groups - len(chosen)]
     out = []
@@ -51,5 +64,6 @@ def fill_with_signal(
         "dynamic_sampling_rounds": rounds,
         "dynamic_sampling_dropped_groups": len(flat) - len(filled),
         "dynamic_sampling_filled_groups": len(filled),
+        "dynamic_sampling_first_round_reward_mean": first_round_reward,
     }
     return out, stats

@@ -29,6 +29,7 @@ def test_flat_groups_dropped_and_batch_refilled_from_new_rounds():
         "dynamic_sampling_rounds": 2,
         "dynamic_sampling_dropped_groups": 3,
         "dynamic_sampling_filled_groups": 0,
+        "dynamic_sampling_first_round_reward_mean": 0.5,  # round 0 alone: 3 of 6 right
     }
 
 
@@ -40,3 +41,23 @@ def test_cap_on_rounds_fills_with_flat_groups():
     # one round only: the varied group, then a flat one to keep the batch full
     assert [s.prompt for s in samples] == ["r0-1", "r0-1", "r0-0", "r0-0"]
     assert stats["dynamic_sampling_filled_groups"] == 1 and stats["dynamic_sampling_dropped_groups"] == 0
+
+
+def test_an_extra_round_without_signal_ends_the_search():
+    rounds = {0: [[0, 0], [0, 0]], 1: [[0, 1], [0, 0]], 2: [[1, 1], [0, 0]]}
+    calls = []
+
+    def draw(r):
+        calls.append(r)
+        return _round(rounds.get(r, [[0, 1], [1, 0]]), f"r{r}-")
+
+    samples, stats = fill_with_signal(draw, num_groups=2, max_extra_rounds=8)
+    # round 0 found nothing and the search went on; round 2 found nothing and ended it
+    assert calls == [0, 1, 2]
+    assert [s.prompt for s in samples][::2] == ["r1-0", "r0-0"]
+    assert stats == {
+        "dynamic_sampling_rounds": 3,
+        "dynamic_sampling_dropped_groups": 4,
+        "dynamic_sampling_filled_groups": 1,
+        "dynamic_sampling_first_round_reward_mean": 0.0,
+    }
