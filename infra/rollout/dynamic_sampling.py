@@ -34,10 +34,10 @@ def fill_with_signal(
     """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found,
     `max_extra_rounds` rounds past the first are spent, or an extra round finds none.
 
-    Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and counts:
-    rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, and
-    the mean reward of the first round (the batch's own mean leaves out solved prompts, so it
-    reads below what the policy scores).
+    Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and stats:
+    rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, the
+    returned batch's mean reward, and as `reward_mean` the first round's: what the policy
+    scores on the prompts (the batch leaves solved prompts out, so it reads lower).
     """
     kept: list[list[Sample]] = []
     flat: list[list[Sample]] = []
@@ -64,6 +64,7 @@ def fill_with_signal(
         "dynamic_sampling_rounds": rounds,
         "dynamic_sampling_dropped_groups": len(flat) - len(filled),
         "dynamic_sampling_filled_groups": len(filled),
-        "dynamic_sampling_first_round_reward_mean": first_round_reward,
+        "dynamic_sampling_batch_reward_mean": sum(s.reward for s in out) / max(1, len(out)),
+        "reward_mean": first_round_reward,
     }
     return out, stats

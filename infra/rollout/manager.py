@@ -36,7 +36,7 @@ from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
-from infra.rollout.rollout_files import read_rollout, rollout_rel, write_rollout
+from infra.rollout.rollout_files import read_rollout_with_stats, rollout_rel, write_rollout
 from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
 from infra.storage.fs import RunStore, storage_options
 
@@ -342,7 +342,7 @@ class RolloutManager:
             samples = draw(0)
         t_gen = time.monotonic() - t0
         assign_advantages(samples, self.cfg.algorithm)
-        uri = write_rollout(self.store, rollout_id, samples)
+        uri = write_rollout(self.store, rollout_id, samples, extra)
         check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
         extra["engine_restarts"] = len(self.engines.recoveries) - recovered_before
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
@@ -361,7 +361,7 @@ class RolloutManager:
             # resumed run's metrics rows equal a straight run's): restarts count this run's
             "prompts_dropped": self.cfg.rollout.prompts_per_rollout - len({s.group for s in batch.samples}),
             "engine_restarts": 0,
-            **(extra or {}),
+            **(extra or {}),  # dynamic sampling's stats; its reward_mean is its first round's
         }
         ref = ray.put(batch) if ray.is_initialized() else None  # outside Ray (tests): no store
         with self._lock:
@@ -391,7 +391,7 @@ class RolloutManager:
         """Resume: check the prompt order matches, and adopt the batch generated ahead."""
         self.source.check_state(prompt_state)
         if prefetched_rollout is not None:
-            frame = read_rollout(self.store, prefetched_rollout)
+            frame, stats = read_rollout_with_stats(self.store, prefetched_rollout)
             fields = Sample.__dataclass_fields__
             samples = [
                 Sample(**{k: _plain(v) for k, v in row.items() if k in fields})
@@ -402,6 +402,7 @@ class RolloutManager:
                 0.0,
                 0.0,
                 self.store.uri(rollout_rel(prefetched_rollout)),
+                stats,
             )
 
     def get_batch(self, rollout_id: int) -> RolloutBatch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import typing
 
 import pandas as pd
@@ -15,6 +16,9 @@ from infra.rollout.batch import Sample
 from infra.storage.fs import RunStore
 
 ROLLOUT_DIR = "rollouts"
+# File metadata key: what the sampling measured beyond the rows (dynamic sampling's rounds),
+# so a batch adopted on resume reports what it reported when it was generated.
+_STATS_KEY = b"rollout_stats"
 
 
 def _arrow_type(tp: object) -> pa.DataType:
@@ -49,11 +53,15 @@ def rollout_rel(rollout_id: int) -> str:
     return f"{ROLLOUT_DIR}/{rollout_id:07d}.parquet"
 
 
-def write_rollout(store: RunStore, rollout_id: int, samples: list[Sample]) -> str:
+def write_rollout(store: RunStore, rollout_id: int, samples: list[Sample], stats: dict | None = None) -> str:
     """Write the samples of one iteration (atomically: a retried write replaces the file
-    whole) and return the file's URI."""
+    whole) and return the file's URI; `stats` (numbers) go in the file's metadata."""
     rows = [{**s.to_row(), "rollout_id": rollout_id} for s in samples]
     table = pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+    if stats:
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), _STATS_KEY: json.dumps(stats)}
+        )
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     store.write_bytes(rollout_rel(rollout_id), buffer.getvalue())
@@ -61,4 +69,11 @@ def write_rollout(store: RunStore, rollout_id: int, samples: list[Sample]) -> st
 
 
 def read_rollout(store: RunStore, rollout_id: int) -> pd.DataFrame:
-    return pd.read_parquet(io.BytesIO(store.read_bytes(rollout_rel(rollout_id))))
+    return read_rollout_with_stats(store, rollout_id)[0]
+
+
+def read_rollout_with_stats(store: RunStore, rollout_id: int) -> tuple[pd.DataFrame, dict]:
+    """The iteration's rows, and the stats `write_rollout` kept with them ({} if none)."""
+    table = pq.read_table(io.BytesIO(store.read_bytes(rollout_rel(rollout_id))))
+    stats = (table.schema.metadata or {}).get(_STATS_KEY)
+    return table.to_pandas(), json.loads(stats) if stats else {}

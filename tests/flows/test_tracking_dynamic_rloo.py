@@ -66,7 +66,7 @@ def test_tensorboard_dynamic_sampling_and_rloo(prefect_api, tmp_path):
             # stopped short of groups with signal before the cap: the extra round found none,
             # so all of its groups are among the flat ones
             assert r["dynamic_sampling_dropped_groups"] + r["dynamic_sampling_filled_groups"] >= PROMPTS
-        assert 0 <= r["dynamic_sampling_first_round_reward_mean"] <= 1
+        assert 0 <= r["dynamic_sampling_batch_reward_mean"] <= 1
     # at this reward rate a round of 8 groups holds flat ones: some were dropped
     assert sum(r["dynamic_sampling_dropped_groups"] for r in rows) > 0
 

@@ -29,7 +29,8 @@ def test_flat_groups_dropped_and_batch_refilled_from_new_rounds():
         "dynamic_sampling_rounds": 2,
         "dynamic_sampling_dropped_groups": 3,
         "dynamic_sampling_filled_groups": 0,
-        "dynamic_sampling_first_round_reward_mean": 0.5,  # round 0 alone: 3 of 6 right
+        "dynamic_sampling_batch_reward_mean": 0.5,
+        "reward_mean": 0.5,  # round 0 alone: 3 of 6 right
     }
 
 
@@ -59,5 +60,6 @@ def test_an_extra_round_without_signal_ends_the_search():
         "dynamic_sampling_rounds": 3,
         "dynamic_sampling_dropped_groups": 4,
         "dynamic_sampling_filled_groups": 1,
-        "dynamic_sampling_first_round_reward_mean": 0.0,
+        "dynamic_sampling_batch_reward_mean": 0.25,  # r1-0 [0, 1], then r0-0 [0, 0]
+        "reward_mean": 0.0,
     }

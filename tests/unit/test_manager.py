@@ -142,10 +142,22 @@ def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
     assert 1 <= summary["dynamic_sampling_rounds"] <= 3
     for g in range(6):  # advantages are computed on the final groups
         assert abs(sum(s.advantage for s in samples if s.group == g)) < 1e-6
+    # reward_mean is the first round's (the policy's own score); the batch's is kept beside it
+    batch_mean = sum(s.reward for s in samples) / len(samples)
+    assert summary["dynamic_sampling_batch_reward_mean"] == pytest.approx(batch_mean)
     # deterministic: a second manager draws the same rounds
     again = manager(engines, tmp_path / "again", rollout=rollout)
     again.generate(0)
     assert [s.response_ids for s in again.get_batch(0).samples] == [s.response_ids for s in samples]
+    # a resumed run adopts the stored batch and reports what the straight run reported
+    resumed = manager(engines, tmp_path, rollout=rollout)
+    resumed.restore(m.prompt_state(1), prefetched_rollout=0)
+    adopted = resumed.generate(0)
+    assert [s.response_ids for s in resumed.get_batch(0).samples] == [s.response_ids for s in samples]
+    timings = ("time_generate_s", "time_rollout_s")
+    assert {k: v for k, v in adopted.items() if k not in timings} == {
+        k: v for k, v in summary.items() if k not in timings
+    }
 
 
 def test_held_rollouts_stay_bounded_over_many_iterations(engines, tmp_path):
