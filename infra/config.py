@@ -391,8 +391,7 @@ class RolloutConfig(_SeededSection):
     dynamic_sampling_max_rounds: int = Field(
         3,
         ge=1,
-        description="Extra sampling rounds at most; an extra round that finds no group with signal ends "
-        "them sooner. If the batch is still short, dropped groups fill it.",
+        description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
     )
 
 

@@ -4,10 +4,7 @@ A group whose rewards all agree has zero group-relative advantage: it costs a fo
 backward and teaches nothing. Dropping it and sampling the batch's prompts again (new
 seeds) keeps every optimizer step full of groups with signal. After the cap on extra
 rounds, dropped groups fill what is still missing, so a batch always has its full size
-(the optimizer steps stay the same shape). An extra round that finds no group with signal
-ends the search early: the policy then answers every prompt of the batch the same way on
-every sample (all solved, or all out of reach), and more rounds at the same temperature
-would only repeat the cost.
+(the optimizer steps stay the same shape).
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ def _varied(group: list[Sample]) -> bool:
 def fill_with_signal(
     draw: Callable[[int], list[Sample]], num_groups: int, max_extra_rounds: int
 ) -> tuple[list[Sample], dict]:
-    """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found,
-    `max_extra_rounds` rounds past the first are spent, or an extra round finds none.
+    """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found
+    or `max_extra_rounds` rounds past the first are spent.
 
     Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and stats:
     rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, the
@@ -44,15 +41,12 @@ def fill_with_signal(
     rounds = 0
     first_round_reward = 0.0
     while rounds <= max_extra_rounds and len(kept) < num_groups:
-        found = len(kept)
         drawn = draw(rounds)
         if rounds == 0:
             first_round_reward = sum(s.reward for s in drawn) / max(1, len(drawn))
         for group in _groups(drawn):
             (kept if _varied(group) else flat).append(group)
         rounds += 1
-        if rounds > 1 and len(kept) == found:
-            break
     chosen = kept[:num_groups]
     filled = flat[: num_groups - len(chosen)]
     out = []
