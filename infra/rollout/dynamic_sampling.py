@@ -34,7 +34,8 @@ def fill_with_signal(
     Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and stats:
     rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, the
     returned batch's mean reward, and as `reward_mean` the first round's: what the policy
-    scores on the prompts (the batch leaves solved prompts out, so it reads lower).
+    scores on the prompts (the batch keeps only groups whose rewards differ: its mean is
+    higher while most prompts fail and lower once most are solved).
     """
     kept: list[list[Sample]] = []
     flat: list[list[Sample]] = []
