@@ -10,6 +10,7 @@ rounds, dropped groups fill what is still missing, so a batch always has its ful
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from infra.rollout.batch import Sample
 
@@ -26,27 +27,52 @@ def _varied(group: list[Sample]) -> bool:
 
 
 def fill_with_signal(
-    draw: Callable[[int], list[Sample]], num_groups: int, max_extra_rounds: int
+    draw: Callable[[int, list[int]], list[Sample]],
+    num_groups: int,
+    max_extra_rounds: int,
+    resample: Literal["all", "stuck"] = "all",
+    seen: tuple[float, float] | None = None,
 ) -> tuple[list[Sample], dict]:
-    """Call `draw(round)` (scored samples) until `num_groups` groups with signal are found
-    or `max_extra_rounds` rounds past the first are spent.
+    """Call `draw(round, prompts)` (scored samples of those prompt indices, each sample's
+    `group` its prompt's position in `prompts`) until `num_groups` groups with signal are found
+    or `max_extra_rounds` rounds past the first are spent. Round 0 draws every prompt. An extra
+    round draws every prompt again (`all`), or (`stuck`) only the prompts with no group with
+    signal yet that scored below the highest reward seen: `seen` is the lowest and highest
+    reward of the run's earlier iterations, so a prompt answered right on every sample is not
+    drawn again, and while no sample of the run has scored differently from any other, every
+    prompt without signal is.
 
     Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and stats:
-    rounds drawn, zero-variance groups dropped, dropped groups used to fill a short batch, the
-    returned batch's mean reward, and as `reward_mean` the first round's: what the policy
-    scores on the prompts (the batch keeps only groups whose rewards differ: its mean is
-    higher while most prompts fail and lower once most are solved).
+    rounds and samples drawn, zero-variance groups dropped, dropped groups used to fill a short
+    batch, the returned batch's mean reward, the run's lowest and highest reward so far (the
+    next call's `seen`), and as `reward_mean` the first round's: what the policy scores on the
+    prompts (the batch keeps only groups whose rewards differ: its mean is higher while most
+    prompts fail and lower once most are solved).
     """
     kept: list[list[Sample]] = []
     flat: list[list[Sample]] = []
-    rounds = 0
+    flat_reward: dict[int, float] = {}  # prompts without signal yet: their flat groups' reward
+    low, high = seen or (float("inf"), float("-inf"))
+    prompts = list(range(num_groups))
+    rounds = drawn_samples = 0
     first_round_reward = 0.0
-    while rounds <= max_extra_rounds and len(kept) < num_groups:
-        drawn = draw(rounds)
+    while prompts and rounds <= max_extra_rounds and len(kept) < num_groups:
+        drawn = draw(rounds, prompts)
+        drawn_samples += len(drawn)
+        rewards = [s.reward for s in drawn]
         if rounds == 0:
-            first_round_reward = sum(s.reward for s in drawn) / max(1, len(drawn))
+            first_round_reward = sum(rewards) / max(1, len(rewards))
+        low, high = min([low, *rewards]), max([high, *rewards])
         for group in _groups(drawn):
-            (kept if _varied(group) else flat).append(group)
+            prompt = prompts[group[0].group]
+            if _varied(group):
+                kept.append(group)
+                flat_reward.pop(prompt, None)
+            else:
+                flat.append(group)
+                flat_reward[prompt] = group[0].reward
+        if resample == "stuck":
+            prompts = [p for p in prompts if p in flat_reward and (low == high or flat_reward[p] < high)]
         rounds += 1
     chosen = kept[:num_groups]
     filled = flat[: num_groups - len(chosen)]
@@ -57,9 +83,12 @@ def fill_with_signal(
             out.append(s)
     stats = {
         "dynamic_sampling_rounds": rounds,
+        "dynamic_sampling_samples": drawn_samples,
         "dynamic_sampling_dropped_groups": len(flat) - len(filled),
         "dynamic_sampling_filled_groups": len(filled),
         "dynamic_sampling_batch_reward_mean": sum(s.reward for s in out) / max(1, len(out)),
+        "dynamic_sampling_reward_low": low,
+        "dynamic_sampling_reward_high": high,
         "reward_mean": first_round_reward,
     }
     return out, stats

@@ -94,6 +94,9 @@ class RolloutManager:
         self._batches: dict[int, RolloutBatch] = {}
         self._refs: dict[int, ray.ObjectRef] = {}  # the batches in Ray's object store
         self._summaries: dict[int, dict] = {}
+        # dynamic sampling: the run's lowest and highest reward so far (what `stuck` resampling
+        # counts as solved); a resume reads it from the batch generated ahead
+        self._rewards_seen: tuple[float, float] | None = None
         self._lock = threading.Lock()
         self.handoff = Handoff(self._consumers)
         # weight_sync.lora=adapter: the adapter every request names, and its weight version
@@ -324,10 +327,10 @@ class RolloutManager:
         rows, _ = self._fit(self.source.batch(rollout_id))  # prompts_dropped: counted in _keep
         d = self.cfg.data
 
-        def draw(round_: int) -> list[Sample]:  # round 0 is the plain rollout
+        def draw(round_: int, prompts: list[int]) -> list[Sample]:  # round 0 is the plain rollout
             suffix = f"-d{round_}" if round_ else ""
             return self._sample(
-                rows,
+                [rows[i] for i in prompts],
                 r.n_samples_per_prompt,
                 r.sampling.temperature,
                 seed + round_ * 2**16,  # 2**16 samples a round at most keep seeds distinct
@@ -337,9 +340,16 @@ class RolloutManager:
 
         extra: dict = {}
         if r.dynamic_sampling:
-            samples, extra = fill_with_signal(draw, len(rows), r.dynamic_sampling_max_rounds)
+            samples, extra = fill_with_signal(
+                draw,
+                len(rows),
+                r.dynamic_sampling_max_rounds,
+                r.dynamic_sampling_resample,
+                self._rewards_seen,
+            )
+            self._rewards_seen = extra["dynamic_sampling_reward_low"], extra["dynamic_sampling_reward_high"]
         else:
-            samples = draw(0)
+            samples = draw(0, list(range(len(rows))))
         t_gen = time.monotonic() - t0
         assign_advantages(samples, self.cfg.algorithm)
         uri = write_rollout(self.store, rollout_id, samples, extra)
@@ -392,6 +402,11 @@ class RolloutManager:
         self.source.check_state(prompt_state)
         if prefetched_rollout is not None:
             frame, stats = read_rollout_with_stats(self.store, prefetched_rollout)
+            if "dynamic_sampling_reward_high" in stats:
+                self._rewards_seen = (
+                    stats["dynamic_sampling_reward_low"],
+                    stats["dynamic_sampling_reward_high"],
+                )
             fields = Sample.__dataclass_fields__
             samples = [
                 Sample(**{k: _plain(v) for k, v in row.items() if k in fields})

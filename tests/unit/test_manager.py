@@ -123,13 +123,15 @@ def test_multi_token_stop_is_refused(engines, tmp_path):
         manager(engines, tmp_path, rollout={"sampling": {"stop": ["END"]}})
 
 
-def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
+@pytest.mark.parametrize("resample", ["all", "stuck"])
+def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path, resample):
     rollout = {
         "prompts_per_rollout": 6,
         "n_samples_per_prompt": 4,
         "sampling": {"max_new_tokens": 3},
         "dynamic_sampling": True,
         "dynamic_sampling_max_rounds": 2,
+        "dynamic_sampling_resample": resample,
     }
     m = manager(engines, tmp_path, rollout=rollout)
     summary = m.generate(0)
@@ -157,6 +159,15 @@ def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path):
     timings = ("time_generate_s", "time_rollout_s")
     assert {k: v for k, v in adopted.items() if k not in timings} == {
         k: v for k, v in summary.items() if k not in timings
+    }
+    # and draws the next batch as the straight run does (`stuck` reads the run's rewards so far)
+    assert summary["dynamic_sampling_samples"] <= summary["dynamic_sampling_rounds"] * 24
+    straight, after_resume = m.generate(1), resumed.generate(1)
+    assert [s.response_ids for s in resumed.get_batch(1).samples] == [
+        s.response_ids for s in m.get_batch(1).samples
+    ]
+    assert {k: v for k, v in after_resume.items() if k not in timings} == {
+        k: v for k, v in straight.items() if k not in timings
     }
 
 
