@@ -26,6 +26,16 @@ def _varied(group: list[Sample]) -> bool:
     return any(s.reward != group[0].reward for s in group)
 
 
+def _renumbered(groups: list[list[Sample]]) -> list[Sample]:
+    """The groups' samples in order, each group numbered by its place."""
+    out = []
+    for g, group in enumerate(groups):
+        for s in group:
+            s.group = g
+            out.append(s)
+    return out
+
+
 def fill_with_signal(
     draw: Callable[[int, list[int]], list[Sample]],
     num_groups: int,
@@ -43,19 +53,16 @@ def fill_with_signal(
     prompt without signal is.
 
     Returns `num_groups` groups renumbered 0..num_groups-1 (first found first) and stats:
-    rounds and samples drawn, zero-variance groups dropped, dropped groups used to fill a short
-    batch, the returned batch's mean reward, the run's lowest and highest reward so far (the
-    next call's `seen`), and as `reward_mean` the first round's: what the policy scores on the
-    prompts (the batch keeps only groups whose rewards differ: its mean is higher while most
-    prompts fail and lower once most are solved).
+    rounds and samples drawn, groups dropped, flat groups that fill a short batch, the batch's
+    mean reward, the run's reward range so far (the next `seen`), and as `reward_mean` the
+    first round's, what the policy scores (the batch keeps only groups with signal: its mean
+    misreads the policy while most prompts fail or most are solved).
     """
     kept: list[list[Sample]] = []
     flat: list[list[Sample]] = []
     flat_reward: dict[int, float] = {}  # prompts without signal yet: their flat groups' reward
     low, high = seen or (float("inf"), float("-inf"))
-    prompts = list(range(num_groups))
-    rounds = drawn_samples = 0
-    first_round_reward = 0.0
+    prompts, rounds, drawn_samples, first_round_reward = list(range(num_groups)), 0, 0, 0.0
     while prompts and rounds <= max_extra_rounds and len(kept) < num_groups:
         drawn = draw(rounds, prompts)
         drawn_samples += len(drawn)
@@ -76,11 +83,7 @@ def fill_with_signal(
         rounds += 1
     chosen = kept[:num_groups]
     filled = flat[: num_groups - len(chosen)]
-    out = []
-    for g, group in enumerate(chosen + filled):
-        for s in group:
-            s.group = g
-            out.append(s)
+    out = _renumbered(chosen + filled)
     stats = {
         "dynamic_sampling_rounds": rounds,
         "dynamic_sampling_samples": drawn_samples,
