@@ -394,7 +394,7 @@ class RolloutConfig(_SeededSection):
         description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
     )
     dynamic_sampling_resample: Literal["all", "stuck"] = Field(
-        "all",
+        "stuck",
         description="Which prompts an extra round samples again. `all`: every prompt of the batch. "
         "`stuck`: only prompts with no group with signal yet that scored below the highest reward of "
         "the run so far, so a prompt answered right on every sample is not sampled again (while no "
