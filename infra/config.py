@@ -385,8 +385,9 @@ class RolloutConfig(_SeededSection):
     )
     dynamic_sampling: bool = Field(
         False,
-        description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample the same "
-        "prompts again with new seeds until the batch is full of groups with signal.",
+        description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample prompts "
+        "again with new seeds (rollout.dynamic_sampling_resample) until the batch is full of groups "
+        "with signal.",
     )
     dynamic_sampling_max_rounds: int = Field(
         3,
