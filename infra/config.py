@@ -395,13 +395,14 @@ class RolloutConfig(_SeededSection):
         description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
     )
     dynamic_sampling_resample: Literal["all", "stuck"] = Field(
-        "stuck",
+        "all",
         description="Which prompts an extra round samples again. `all`: every prompt of the batch. "
         "`stuck`: only prompts with no group with signal yet that scored below the highest reward of "
         "the run so far, so a prompt answered right on every sample is not sampled again (while no "
-        "sample of the run has scored differently from another, every prompt without signal is). "
-        "A resume reads the run's rewards so far from the batch generated ahead; in sync mode, "
-        "which generates none ahead, they start afresh.",
+        "sample of the run has scored differently from another, every prompt without signal is); "
+        "cheaper, and better on single-token tasks, worse on pair-copy (docs/ALGORITHMS.md). A "
+        "resume reads the run's rewards so far from the batch generated ahead; in sync mode, which "
+        "generates none ahead, they start afresh.",
     )
 
 

@@ -2,11 +2,12 @@
 
 A group whose rewards all agree has zero group-relative advantage: it costs a forward and
 backward and teaches nothing. Dropping it and sampling prompts again (new seeds) keeps every
-optimizer step full of groups with signal. Sampling again only the prompts still stuck, not
-the solved ones, is what makes the extra rounds cheap once most prompts are answered right
-(bench/RESULTS.md: on digit-copy 1.5x the time per iteration of no dynamic sampling, against
-3.2x drawing every prompt again). After the cap on extra rounds, dropped groups fill what is
-still missing, so a batch always has its full size (the optimizer steps stay the same shape).
+optimizer step full of groups with signal. Drawing again only the prompts still stuck, not
+the solved ones or those with signal, makes the extra rounds cheap once most prompts are
+answered right, but leaves more of the batch to zero-advantage fillers (bench/RESULTS.md: it
+helps on the single-token tasks and hurts on pair-copy). After the cap on extra rounds,
+dropped groups fill what is still missing, so a batch always has its full size (the optimizer
+steps stay the same shape).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def test_tensorboard_dynamic_sampling_and_rloo(prefect_api, tmp_path):
             "rollout.sampling.stop=[]",
             "rollout.dynamic_sampling=true",
             "rollout.dynamic_sampling_max_rounds=2",
+            "rollout.dynamic_sampling_resample=stuck",
             "algorithm.advantage_estimator=rloo",
             "tracking.backends=[tensorboard]",
             "checkpoint.save_interval=null",
@@ -63,7 +64,7 @@ def test_tensorboard_dynamic_sampling_and_rloo(prefect_api, tmp_path):
         assert 1 <= r["dynamic_sampling_rounds"] <= 3
         assert r["dynamic_sampling_filled_groups"] == round(r["zero_variance_group_frac"] * PROMPTS)
         assert 0 <= r["dynamic_sampling_batch_reward_mean"] <= 1
-    # an extra round draws only the prompts still stuck (the default resample=stuck): fewer
+    # an extra round draws only the prompts still stuck (resample=stuck): fewer
     # than a whole round each time, as prompts with signal or solved are not drawn again
     searched = [r for r in rows if r["dynamic_sampling_rounds"] > 1]
     assert searched
