@@ -39,6 +39,14 @@ def _renumbered(groups: list[list[Sample]]) -> list[Sample]:
     return out
 
 
+def rewards_seen(stats: dict) -> tuple[float, float] | None:
+    """The run's reward range that `fill_with_signal`'s stats carry (its next `seen`), or None
+    for stats without one (no dynamic sampling)."""
+    if "dynamic_sampling_reward_high" not in stats:
+        return None
+    return stats["dynamic_sampling_reward_low"], stats["dynamic_sampling_reward_high"]
+
+
 def fill_with_signal(
     draw: Callable[[int, list[int]], list[Sample]],
     num_groups: int,

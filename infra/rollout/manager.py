@@ -33,7 +33,7 @@ from infra.model.loading import localize
 from infra.model.tokenizer import load_tokenizer
 from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
-from infra.rollout.dynamic_sampling import fill_with_signal
+from infra.rollout.dynamic_sampling import fill_with_signal, rewards_seen
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
 from infra.rollout.rollout_files import read_rollout_with_stats, rollout_rel, write_rollout
@@ -347,7 +347,7 @@ class RolloutManager:
                 r.dynamic_sampling_resample,
                 self._rewards_seen,
             )
-            self._rewards_seen = extra["dynamic_sampling_reward_low"], extra["dynamic_sampling_reward_high"]
+            self._rewards_seen = rewards_seen(extra)
         else:
             samples = draw(0, list(range(len(rows))))
         t_gen = time.monotonic() - t0
@@ -402,11 +402,7 @@ class RolloutManager:
         self.source.check_state(prompt_state)
         if prefetched_rollout is not None:
             frame, stats = read_rollout_with_stats(self.store, prefetched_rollout)
-            if "dynamic_sampling_reward_high" in stats:
-                self._rewards_seen = (
-                    stats["dynamic_sampling_reward_low"],
-                    stats["dynamic_sampling_reward_high"],
-                )
+            self._rewards_seen = rewards_seen(stats) or self._rewards_seen
             fields = Sample.__dataclass_fields__
             samples = [
                 Sample(**{k: _plain(v) for k, v in row.items() if k in fields})
