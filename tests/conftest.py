@@ -12,6 +12,8 @@ import pytest
 
 from infra.storage.local_s3 import AWS_SETTINGS_TO_CLEAR, aws_env, moto_server
 
+pytest_plugins = ["tests.run_guard"]
+
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[str]:

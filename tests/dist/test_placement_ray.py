@@ -42,7 +42,7 @@ class Probe:
 def _place(cfg: ClusterConfig) -> tuple[dict, dict[str, list[tuple[str, list[int]]]]]:
     """Place one probe actor per slot; where each process of each role landed."""
     layout = plan_placement(cfg)
-    groups = create_placement_groups(layout, timeout_s=60)
+    groups = create_placement_groups(layout, timeout_s=180)  # a loaded 2-core machine starts actors slowly
     order = {name: ordered_bundles(groups[name], role.bundles) for name, role in layout.roles.items()}
     probes = {
         role: [Probe.options(**slot_options(groups, order, s)).remote() for s in slots]
