@@ -88,7 +88,10 @@ def test_zero_retry_time_is_one_attempt(proxy, s3_bucket):
     t0 = time.monotonic()
     with pytest.raises(StorageUnavailable, match=r"for 0 s \(1 attempts\)"):
         store.write_text("c.txt", "never")
-    assert time.monotonic() - t0 < ONE_ATTEMPT_S and proxy.dropped <= 5  # s3fs's 5 tries at most
+    # s3fs's 5 tries at most, each sent on a second connection when aiohttp sees the first
+    # one reset (it resends an idempotent request once); which error the drop gives, and so
+    # whether it is resent, depends on timing
+    assert time.monotonic() - t0 < ONE_ATTEMPT_S and proxy.dropped <= 2 * 5
 
 
 def store_via(proxy: DroppingProxy, bucket: str, retry_s: float) -> RunStore:
