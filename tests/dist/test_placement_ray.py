@@ -19,11 +19,14 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def two_gpu_nodes() -> Iterator[list[str]]:
+    # Each node would take 30% of the machine's memory for its object store; the probes
+    # return a few bytes, so both nodes get Ray's smallest.
+    store = 80 * 1024 * 1024
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 4, "num_gpus": 4, "include_dashboard": False},
+        head_node_args={"num_cpus": 4, "num_gpus": 4, "include_dashboard": False, "object_store_memory": store},
     )
-    cluster.add_node(num_cpus=4, num_gpus=4)
+    cluster.add_node(num_cpus=4, num_gpus=4, object_store_memory=store)
     try:
         ray.init(address=cluster.address, include_dashboard=False)
         cluster.wait_for_nodes()
