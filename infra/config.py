@@ -400,7 +400,8 @@ class RolloutConfig(_SeededSection):
         "`stuck`: only prompts with no group with signal yet that scored below the highest reward of "
         "the run so far, so a prompt answered right on every sample is not sampled again (while no "
         "sample of the run has scored differently from another, every prompt without signal is); "
-        "cheaper, and better on single-token tasks, worse on pair-copy (docs/ALGORITHMS.md). A "
+        "cheaper, and better on single-token tasks; on pair-copy worse with 3 extra rounds, better "
+        "with 8 (docs/ALGORITHMS.md). A "
         "resume reads the run's rewards so far from the batch generated ahead; in sync mode, which "
         "generates none ahead, they start afresh.",
     )
