@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,21 +28,16 @@ class RunGuard:
         # redirected descriptor 2; a copy taken now still reaches the real stderr
         self.stderr_fd = os.dup(2)
 
-    def timeout_s(self, item: pytest.Item) -> float:
-        marker = item.get_closest_marker("timeout")
-        if marker is not None and (marker.args or "timeout" in marker.kwargs):
-            return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
-        return float(self.config.getini("timeout") or 0)
+    # pytest-timeout's own hooks, called with the timeout it resolved for the test (marker,
+    # --timeout, PYTEST_TIMEOUT, ini) when it sets and cancels its timer; returning None lets
+    # its own timer be set and cancelled after these
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings) -> None:
+        faulthandler.dump_traceback_later(settings.timeout * WATCHDOG_FACTOR, exit=True, file=self.stderr_fd)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        timeout_s = self.timeout_s(item)
-        if timeout_s > 0:
-            faulthandler.dump_traceback_later(timeout_s * WATCHDOG_FACTOR, exit=True, file=self.stderr_fd)
-        try:
-            yield
-        finally:
-            faulthandler.cancel_dump_traceback_later()
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> None:
+        faulthandler.cancel_dump_traceback_later()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
