@@ -5,7 +5,8 @@
 The driver brings up the same RLSystem and calls the same RunHandles methods, with the
 same one-step-ahead overlap as flows/train.py (generate k+1 runs in a thread while train k
 runs in another), but no Prefect: it is the loop's cost without orchestration. Both sides
-run the demo config for the same iterations, alternating flow, driver, driver, flow, ...; each
+run the demo config at 64 prompts x 16 samples with every group kept
+(`bench.common.LOOP_SHAPE`) for the same iterations, alternating flow, driver, driver, flow, ...; each
 records when each iteration started (`time_started_unix`), and seconds per iteration are
 from one start to the next (so whatever either side overlaps across iterations counts as
 it runs), iteration 0 (warm-up) left out. The figure is the ratio of the median seconds per
@@ -22,7 +23,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import ratio_line, spread, start_to_start, steal_share
+from bench.common import LOOP_SHAPE, ratio_line, spread, start_to_start, steal_share
 from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.preflight import preflight
@@ -108,7 +109,7 @@ def main() -> None:
             order = (("flow", flow_s), ("driver", driver_s))
             for side, times in order if i % 2 == 0 else order[::-1]:
                 extra = [f"num_rollout={args.iterations}", f"storage.uri={tmp}", f"run_name={side}-{i}"]
-                cfg = load_config(args.config, [*args.overrides, *extra])
+                cfg = load_config(args.config, [*LOOP_SHAPE, *args.overrides, *extra])
                 with steal_share() as machine:
                     if side == "driver":
                         asyncio.run(drive(cfg))

@@ -11,6 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Every group kept: dynamic sampling (on by default) draws extra rounds while most groups
+# agree, so the work of an iteration would follow what the policy has learnt, which differs
+# between runs and sides. The loop benches time a fixed amount of work.
+ONE_ROUND = ["rollout.dynamic_sampling=false"]
+# The loop benches' batch: 64 prompts x 16 samples of one new token, every group kept.
+LOOP_SHAPE = ["rollout.prompts_per_rollout=64", "rollout.n_samples_per_prompt=16", *ONE_ROUND]
+
 
 def spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
     """`median (min .. max, n=K)` of repeated measurements."""

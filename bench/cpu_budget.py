@@ -2,7 +2,8 @@
 
     python -m bench.cpu_budget [--from 5 --to 25] [overrides...]
 
-Runs `python -m flows.train` twice, the demo and TRL's batch shape of
+Runs `python -m flows.train` twice, every group kept (`bench.common.LOOP_SHAPE`): the demo
+at 64 prompts x 16 samples and TRL's batch shape of
 bench/trl_compare.py (8 prompts x 8 samples x 4 new tokens, 1 trainer rank), each with
 the overrides, and reads every process's CPU time (user + system, from /proc through
 psutil) when the run has finished `--from` iterations and again at `--to`; the difference over the iterations between, per process
@@ -22,6 +23,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.common import LOOP_SHAPE
 from bench.process_roles import cpu_by_pid, watch_flow
 
 # the second run: bench/trl_compare.py's batch, with the trainer layout that does best there
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     for shape in ([], TRL_SHAPE):
-        budget(args.first, args.last, [*shape, *args.overrides])
+        budget(args.first, args.last, [*LOOP_SHAPE, *shape, *args.overrides])
     return 0
 
 

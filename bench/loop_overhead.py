@@ -1,5 +1,6 @@
-"""The loop's orchestration overhead: run the demo for N iterations and print the medians
-of its per-iteration timings from the run's metrics.jsonl.
+"""The loop's orchestration overhead: run the demo at 64 prompts x 16 samples with every
+group kept (`bench.common.LOOP_SHAPE`) for N iterations and print the medians of its
+per-iteration timings from the run's metrics.jsonl.
 
     python -m bench.loop_overhead [--iterations 30] [--repeats 1] [--baseline GIT_REF] [--s3] [overrides...]
 
@@ -31,7 +32,7 @@ import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench.common import moto_s3, ratio_line, sides, spread, start_to_start, steal_share
+from bench.common import LOOP_SHAPE, moto_s3, ratio_line, sides, spread, start_to_start, steal_share
 
 
 def summarize(rows: list[dict], saved: set[int]) -> dict:
@@ -86,7 +87,9 @@ def run_once(iterations: int, overrides: list[str], code: Path, s3: str | None =
 
     with tempfile.TemporaryDirectory() as local:
         root = f"{s3}/{uuid.uuid4().hex[:12]}" if s3 else local
-        settings = [f"num_rollout={iterations}", f"storage.uri={root}", "run_name=loop-overhead", *overrides]
+        settings = [
+            *LOOP_SHAPE, f"num_rollout={iterations}", f"storage.uri={root}", "run_name=loop-overhead", *overrides
+        ]  # fmt: skip
         t0 = time.monotonic()
         with steal_share() as machine:
             rc = subprocess.call(

@@ -6,7 +6,8 @@ the adapter alone).
     python -m bench.lora_compare [--iterations 8] [overrides...]
 
 The model is wider than the demo's (256 wide, 4 layers: `SHAPE`) so that an adapter is
-small beside the weights it adapts, as on real models. Each side is one flow run in a child
+small beside the weights it adapts, as on real models; 64 prompts x 16 samples, every group kept
+(`bench.common.LOOP_SHAPE`). Each side is one flow run in a child
 process, one after the other. Prints a table, then `RATIO` lines (LoRA / full).
 """
 
@@ -19,6 +20,7 @@ import sys
 
 import psutil
 
+from bench.common import LOOP_SHAPE
 from bench.seed_robustness import run_seed
 from infra.config import RunConfig
 from infra.config_files import load_config
@@ -30,6 +32,7 @@ SHAPE = [
     "model.tiny.intermediate_size=1024",
     "eval.interval=null",
     "checkpoint.save_interval=null",
+    *LOOP_SHAPE,
 ]
 LORA = [
     "model.lora.r=8",

@@ -3,7 +3,7 @@ iteration 50 and every 50 iterations up to the last.
 
     python -m bench.memory_growth [--iterations 500] [--every 50] [overrides...]
 
-Runs `python -m flows.train` (8 prompts x 8 samples x 4 new tokens, the demo's checkpoint
+Runs `python -m flows.train` (8 prompts x 8 samples x 4 new tokens, every group kept, the demo's checkpoint
 and eval intervals) in a child process with a fresh run folder, watches the run's
 metrics.jsonl for the iteration count, and at each mark sums PSS over the flow process
 and all its descendants (Prefect API server, Ray's processes, Ray workers and actors,
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ratio_line
+from bench.common import ONE_ROUND, ratio_line
 from bench.process_roles import print_roles, watch_flow
 
 OVERRIDES = [
@@ -27,6 +27,7 @@ OVERRIDES = [
     "rollout.n_samples_per_prompt=8",
     "rollout.sampling.max_new_tokens=4",
     "checkpoint.resume=fresh",
+    *ONE_ROUND,
 ]
 
 

@@ -6,7 +6,7 @@ and how much memory each process of the run holds.
 Short flow runs (`python -m flows.train`, async mode, 4 new tokens per sample, no
 checkpoints or evals inside the window), each in a fresh run folder; every figure is the
 median over iterations 2..N-1 of the run's metrics rows (iterations 0 and 1 pay for
-warm-up). The base run (8 prompts x 8 samples, the built-in tiny model, 1 engine) is
+warm-up). The base run (8 prompts x 8 samples, every group kept, the built-in tiny model, 1 engine) is
 shared by the three tables; PSS per process role is sampled during it.
 """
 
@@ -28,6 +28,7 @@ BASE = {
     "rollout.sampling.max_new_tokens": "4",
     "checkpoint.save_interval": "1000",  # only the forced save after the last iteration
     "eval.interval": "1000",
+    "rollout.dynamic_sampling": "false",  # a fixed amount of work an iteration (bench.common.ONE_ROUND)
 }
 # ~10x the built-in model's parameters (0.14M -> 1.4M); same vocabulary and positions
 LARGER_MODEL = {
