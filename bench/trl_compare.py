@@ -4,8 +4,10 @@
 
 Needs the optional bench dependencies (`pip install -e .[bench]`: TRL). Same tiny demo
 model, same task (digit-copy, exact-match reward), same batch: the embedded defaults'
-64 prompts x 16 samples x 1 new token (`default`) and 8 prompts x 8 samples x at most 4
-new tokens (`small`), T=1, one optimizer step per batch, no KL. Ours is the Prefect flow of
+128 prompts x 8 samples x 1 new token (`default`) and 8 prompts x 8 samples x at most 4
+new tokens (`small`), T=1, one optimizer step per batch, no KL. Ours keeps every group
+(`bench.common.ONE_ROUND`): GRPOTrainer has no dynamic sampling, so both sides generate and
+train the same samples. Ours is the Prefect flow of
 the demo config (async, 1 built-in engine) with 2 FSDP2 trainer ranks (the default) and,
 in the same run, with 1 (`cluster.trainer.num_workers=1`: on 2 cores the second rank
 costs more in collectives than it adds), seconds per iteration from its
@@ -26,13 +28,13 @@ import tempfile
 import time
 
 from bench.asyncio_driver import _run_flow
-from bench.common import ratio_line, spread, start_to_start
+from bench.common import ONE_ROUND, ratio_line, spread, start_to_start
 from infra.config_files import load_config
 from infra.storage.fs import RunStore
 from infra.storage.metrics import read_metrics
 
 # prompts, samples per prompt, new tokens at most; each shape's ratio goal
-SHAPES = {"default": (64, 16, 1), "small": (8, 8, 4)}
+SHAPES = {"default": (128, 8, 1), "small": (8, 8, 4)}
 GOALS = {"default": ">= 1.0x", "small": ">= 0.5x"}
 
 
@@ -46,7 +48,7 @@ def _ours(
             f"num_rollout={iterations}", f"storage.uri={tmp}", f"run_name={name}",
             f"rollout.prompts_per_rollout={prompts}", f"rollout.n_samples_per_prompt={samples}",
             f"rollout.sampling.max_new_tokens={new_tokens}", "eval.interval=null",
-            f"cluster.trainer.num_workers={ranks}",
+            f"cluster.trainer.num_workers={ranks}", *ONE_ROUND,
         ],
     )  # fmt: skip
     _run_flow(cfg)

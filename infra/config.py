@@ -314,8 +314,8 @@ class RolloutConfig(_SeededSection):
         description="Tensor-parallel GPUs per engine (SGLang `--tp-size`); an engine takes tp_size ranks "
         "of the weight-update group (rank_offset + tp_rank). The built-in engine runs with 1.",
     )
-    prompts_per_rollout: int = Field(64, ge=1, description="Prompts drawn per iteration.")
-    n_samples_per_prompt: int = Field(16, ge=1, description="Responses per prompt (the GRPO group size).")
+    prompts_per_rollout: int = Field(128, ge=1, description="Prompts drawn per iteration.")
+    n_samples_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the GRPO group size).")
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
     )
@@ -384,18 +384,18 @@ class RolloutConfig(_SeededSection):
         "loss masks (0 on tokens the environment wrote). Empty: single-turn sampling.",
     )
     dynamic_sampling: bool = Field(
-        False,
+        True,
         description="Drop prompt groups whose rewards all agree (no GRPO signal) and sample prompts "
         "again with new seeds (rollout.dynamic_sampling_resample) until the batch is full of groups "
         "with signal.",
     )
     dynamic_sampling_max_rounds: int = Field(
-        3,
+        8,
         ge=1,
         description="Extra sampling rounds at most; if the batch is still short, dropped groups fill it.",
     )
     dynamic_sampling_resample: Literal["all", "stuck"] = Field(
-        "all",
+        "stuck",
         description="Which prompts an extra round samples again. `all`: every prompt of the batch. "
         "`stuck`: only prompts with no group with signal yet that scored below the highest reward of "
         "the run so far, so a prompt answered right on every sample is not sampled again (while no "
@@ -515,12 +515,12 @@ class AlgorithmConfig(_SeededSection):
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas, each in [0, 1).")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant",
+        "cosine",
         description="LR after the warm-up: `constant`, or `linear`/`cosine` decay to lr x min_lr_ratio at "
         "the run's last optimizer step (num_rollout x steps per rollout x ppo_epochs).",
     )
     min_lr_ratio: float = Field(
-        0.0, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
+        0.1, ge=0, le=1, description="Final LR of a linear/cosine decay, as a fraction of lr."
     )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     global_batch_size: int | None = Field(
@@ -1079,7 +1079,11 @@ class RunConfig(_Section):
                 "rollout.n_samples_per_prompt must be >= 2"
             )
         if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
-            raise ValueError("rollout.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
+            raise ValueError(
+                "rollout.dynamic_sampling (on by default) keeps groups whose samples score differently: it "
+                "needs rollout.n_samples_per_prompt >= 2; set rollout.dynamic_sampling=false for one sample "
+                "per prompt"
+            )
         if self.num_critic_only_steps >= self.num_rollout:
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
         tp = self.rollout.tp_size

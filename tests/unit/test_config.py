@@ -150,10 +150,15 @@ def test_estimator_defaults_and_derived_settings():
     )
     dr = RunConfig.model_validate({"algorithm": {"advantage_estimator": "dr_grpo"}})
     assert dr.algorithm.agg_mode == "seq-mean-token-sum-norm"
-    # a single-sample estimator needs no groups
-    RunConfig.model_validate(
-        {"algorithm": {"advantage_estimator": "reinforce_plus_plus"}, "rollout": {"n_samples_per_prompt": 1}}
-    )
+    # a single-sample estimator needs no groups, but the default dynamic sampling does, and says how
+    single = {
+        "algorithm": {"advantage_estimator": "reinforce_plus_plus"},
+        "rollout": {"n_samples_per_prompt": 1},
+    }
+    with pytest.raises(ValidationError, match="set rollout.dynamic_sampling=false"):
+        RunConfig.model_validate(single)
+    single["rollout"]["dynamic_sampling"] = False
+    RunConfig.model_validate(single)
     assert RunConfig().tis_enabled and not RunConfig(mode="sync").tis_enabled
     assert RunConfig.model_validate({"mode": "sync", "algorithm": {"tis": "on"}}).tis_enabled
     assert not RunConfig.model_validate({"algorithm": {"tis": "off"}}).tis_enabled
