@@ -401,9 +401,9 @@ class RolloutConfig(_SeededSection):
         "the run so far, so a prompt answered right on every sample is not sampled again (while no "
         "sample of the run has scored differently from another, every prompt without signal is); "
         "cheaper, and better on single-token tasks; on pair-copy worse with 3 extra rounds, better "
-        "with 8 (docs/ALGORITHMS.md). A "
-        "resume reads the run's rewards so far from the batch generated ahead; in sync mode, which "
-        "generates none ahead, they start afresh.",
+        "with 8 (docs/ALGORITHMS.md). A resume reads the run's rewards so far from the rollout file "
+        "of the batch generated ahead, or in sync mode of the last trained iteration, so it draws as "
+        "the straight run does; from another run's checkpoint they start afresh.",
     )
 
 

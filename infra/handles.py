@@ -221,7 +221,8 @@ class RunHandles:
             self.trainers.call("load_checkpoint", f"{uri}/model", opts, what="load")
             self._restore_critic(uri, opts)
             nxt = meta["next_rollout_id"]
-            ray.get(self.manager.restore.remote(meta["prompt_source"], meta.get("prefetched_rollout")))
+            prefetched = meta.get("prefetched_rollout")
+            ray.get(self.manager.restore.remote(meta["prompt_source"], prefetched, nxt - 1))
         truncate_metrics(self.store, nxt)  # rows of iterations that will be redone
         return nxt
 

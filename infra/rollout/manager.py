@@ -397,10 +397,17 @@ class RolloutManager:
         with self._lock:
             return rollout_id in self._batches
 
-    def restore(self, prompt_state: dict, prefetched_rollout: int | None) -> None:
-        """Resume: check the prompt order matches, and adopt the batch generated ahead."""
+    def restore(self, prompt_state: dict, prefetched_rollout: int | None, last_trained: int = -1) -> None:
+        """Resume: check the prompt order matches, and adopt the batch generated ahead. Without
+        one (sync mode), the run's rewards so far come from the file of the last trained
+        rollout, `last_trained`, where this run wrote it (a checkpoint of another run has none
+        here, and dynamic sampling then starts them afresh)."""
         self.source.check_state(prompt_state)
-        if prefetched_rollout is not None:
+        if prefetched_rollout is None:
+            if last_trained >= 0 and self.store.exists(rollout_rel(last_trained)):
+                _, stats = read_rollout_with_stats(self.store, last_trained)
+                self._rewards_seen = rewards_seen(stats) or self._rewards_seen
+        else:
             frame, stats = read_rollout_with_stats(self.store, prefetched_rollout)
             self._rewards_seen = rewards_seen(stats) or self._rewards_seen
             fields = Sample.__dataclass_fields__

@@ -12,6 +12,7 @@ from infra.config import RunConfig, TinyModelConfig
 from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
+from infra.rollout.rollout_files import read_rollout_with_stats, write_rollout
 from infra.storage.fs import RunStore
 from tests.ports import free_port
 
@@ -169,6 +170,24 @@ def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path, resample):
     assert {k: v for k, v in after_resume.items() if k not in timings} == {
         k: v for k, v in straight.items() if k not in timings
     }
+    # sync mode generates none ahead: the run's rewards so far come from the trained rollout's
+    # file (here a range wider than any reward the engine's samples score, so it must be read)
+    _, stored = read_rollout_with_stats(m.store, 0)
+    wide = {**stored, "dynamic_sampling_reward_low": -5.0, "dynamic_sampling_reward_high": 7.0}
+    write_rollout(m.store, 0, m.get_batch(0).samples, wide)
+    synced = manager(engines, tmp_path, rollout=rollout)
+    synced.restore(m.prompt_state(1), prefetched_rollout=None, last_trained=0)
+    after_sync_resume = synced.generate(1)
+    assert (
+        after_sync_resume["dynamic_sampling_reward_low"],
+        after_sync_resume["dynamic_sampling_reward_high"],
+    ) == (
+        -5.0,
+        7.0,
+    )
+    afresh = manager(engines, tmp_path / "afresh", rollout=rollout)  # no file of rollout 0 there
+    afresh.restore(m.prompt_state(1), prefetched_rollout=None, last_trained=0)
+    assert afresh.generate(1)["dynamic_sampling_reward_high"] <= 1.0
 
 
 def test_held_rollouts_stay_bounded_over_many_iterations(engines, tmp_path):

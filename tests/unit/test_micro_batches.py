@@ -70,8 +70,8 @@ def test_which_plan_a_config_asks_for():
 
 
 def test_the_default_budget_trains_the_demo_step_in_one_micro_batch_per_rank():
-    """The demo's step (64 prompts x 16 samples, prompts of a few tokens, one new token) on
-    2 ranks: one forward/backward each, not 16 of 32 samples."""
+    """The demo's step (1024 samples: 128 prompts x 8, prompts of a few tokens, one new token)
+    on 2 ranks: one forward/backward each, not 16 of 32 samples."""
     cfg = RunConfig()
     samples = cfg.rollout.prompts_per_rollout * cfg.rollout.n_samples_per_prompt
     lengths = [random.Random(i).randint(6, 9) for i in range(samples)]
