@@ -1072,18 +1072,7 @@ class RunConfig(_Section):
                 f"algorithm.global_batch_size={self.global_batch_size} must be divisible by "
                 f"cluster.critic.num_workers={self.cluster.critic.num_workers}"
             )
-        grouped = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
-        if est in grouped and self.rollout.n_samples_per_prompt < 2:
-            raise ValueError(
-                f"algorithm.advantage_estimator={est} compares the samples of a prompt: "
-                "rollout.n_samples_per_prompt must be >= 2"
-            )
-        if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
-            raise ValueError(
-                "rollout.dynamic_sampling (on by default) keeps groups whose samples score differently: it "
-                "needs rollout.n_samples_per_prompt >= 2; set rollout.dynamic_sampling=false for one sample "
-                "per prompt"
-            )
+        self._check_groups()
         if self.num_critic_only_steps >= self.num_rollout:
             raise ValueError("num_critic_only_steps must be smaller than num_rollout")
         tp = self.rollout.tp_size
@@ -1107,6 +1096,22 @@ class RunConfig(_Section):
             self._check_attached_engines()
         self._check_lora()
         return self
+
+    def _check_groups(self) -> None:
+        """What compares the samples of a prompt needs two of them at least."""
+        est = self.algorithm.advantage_estimator
+        grouped = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
+        if est in grouped and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algorithm.advantage_estimator={est} compares the samples of a prompt: "
+                "rollout.n_samples_per_prompt must be >= 2"
+            )
+        if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                "rollout.dynamic_sampling (on by default) keeps groups whose samples score differently: it "
+                "needs rollout.n_samples_per_prompt >= 2; set rollout.dynamic_sampling=false for one sample "
+                "per prompt"
+            )
 
     @model_validator(mode="after")
     def _sft_batch_fits_ranks(self) -> RunConfig:

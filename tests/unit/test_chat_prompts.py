@@ -79,6 +79,9 @@ def test_truncate_left_keeps_the_end_of_long_prompts(engine, tmp_path) -> None:
                 "prompts_per_rollout": 4,
                 "n_samples_per_prompt": 2,
                 "sampling": {"max_new_tokens": 1},
+                # one round: the batch holds every prompt once (extra rounds may keep two
+                # groups of one prompt and none of another)
+                "dynamic_sampling": False,
             },
             "storage": {"uri": str(tmp_path / "runs")},
             "data": {
