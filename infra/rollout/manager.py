@@ -37,7 +37,14 @@ from infra.rollout.dynamic_sampling import fill_with_signal, rewards_seen
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
 from infra.rollout.rollout_files import read_rollout_with_stats, rollout_rel, write_rollout
-from infra.rollout.scoring import assign_advantages, check_failures, pass_at_k, rollout_stats, score_samples
+from infra.rollout.scoring import (
+    assign_advantages,
+    check_failures,
+    failed_share,
+    pass_at_k,
+    rollout_stats,
+    score_samples,
+)
 from infra.storage.fs import RunStore, storage_options
 
 # Summaries of the latest rollouts kept for a retried generate task (the flow is at most
@@ -329,7 +336,7 @@ class RolloutManager:
 
         def draw(round_: int, prompts: list[int]) -> list[Sample]:  # round 0 is the plain rollout
             suffix = f"-d{round_}" if round_ else ""
-            return self._sample(
+            drawn = self._sample(
                 [rows[i] for i in prompts],
                 r.n_samples_per_prompt,
                 r.sampling.temperature,
@@ -337,6 +344,11 @@ class RolloutManager:
                 f"r{rollout_id}{suffix}",
                 self.reward_fn,
             )
+            if failed_share(drawn) > d.max_failed_fraction:
+                # a failing reward fails every round alike (its samples all agree, so dynamic
+                # sampling would draw them all again): stop at the first, its errors on file
+                check_failures(drawn, d.max_failed_fraction, write_rollout(self.store, rollout_id, drawn))
+            return drawn
 
         extra: dict = {}
         if r.dynamic_sampling:

@@ -58,6 +58,11 @@ def assign_advantages(samples: list[Sample], algorithm: AlgorithmConfig) -> None
         s.advantage = a
 
 
+def failed_share(samples: list[Sample]) -> float:
+    """The share of samples whose reward failed (0 for none)."""
+    return sum(s.status == "failed" for s in samples) / len(samples) if samples else 0.0
+
+
 def check_failures(samples: list[Sample], max_fraction: float, where: str) -> None:
     failed = [s for s in samples if s.status == "failed"]
     if samples and len(failed) / len(samples) > max_fraction:

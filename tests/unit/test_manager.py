@@ -13,6 +13,7 @@ from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
 from infra.rollout.manager import KEEP_SUMMARIES, RolloutManager
 from infra.rollout.rollout_files import read_rollout_with_stats, write_rollout
+from infra.rollout.scoring import TooManyFailedSamples
 from infra.storage.fs import RunStore
 from tests.ports import free_port
 
@@ -188,6 +189,37 @@ def test_dynamic_sampling_keeps_groups_with_signal(engines, tmp_path, resample):
     afresh = manager(engines, tmp_path / "afresh", rollout=rollout)  # no file of rollout 0 there
     afresh.restore(m.prompt_state(1), prefetched_rollout=None, last_trained=0)
     assert afresh.generate(1)["dynamic_sampling_reward_high"] <= 1.0
+
+
+def failing_reward(prompt: str, response: str, label: str, **kw) -> float:
+    # rewards run in processes of their own: each call leaves a line in the file its label names
+    with open(label, "a") as f:
+        f.write(prompt + "\n")
+    raise RuntimeError("the grader is down")
+
+
+def test_a_failing_reward_stops_at_the_first_round_of_dynamic_sampling(engines, tmp_path):
+    # every sample fails alike, so every group is flat: the extra rounds would draw them all again
+    calls = tmp_path / "calls.txt"
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}:", "label": str(calls)}) + "\n" for i in range(6)))
+    rollout = {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 2}}
+    m = manager(
+        engines,
+        tmp_path,
+        rollout={**rollout, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 8},
+        data={
+            "train_path": str(data),
+            "eval_path": str(data),
+            "reward": f"{__name__}:failing_reward",
+            "max_failed_fraction": 0.5,
+        },
+    )
+    with pytest.raises(TooManyFailedSamples, match="24 of 24 samples failed"):
+        m.generate(0)
+    assert len(calls.read_text().splitlines()) == 24  # one round, not nine
+    frame = pd.read_parquet(RunStore(m.cfg.storage, m.cfg.run_name).uri("rollouts", "0000000.parquet"))
+    assert len(frame) == 24 and set(frame["status"]) == {"failed"}  # the errors are on file
 
 
 def test_held_rollouts_stay_bounded_over_many_iterations(engines, tmp_path):
