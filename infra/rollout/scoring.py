@@ -64,11 +64,12 @@ def failed_share(samples: list[Sample]) -> float:
 
 
 def check_failures(samples: list[Sample], max_fraction: float, where: str) -> None:
-    failed = [s for s in samples if s.status == "failed"]
-    if samples and len(failed) / len(samples) > max_fraction:
+    share = failed_share(samples)
+    if share > max_fraction:
+        failed = [s for s in samples if s.status == "failed"]
         raise TooManyFailedSamples(
             f"{len(failed)} of {len(samples)} samples failed their reward "
-            f"({len(failed) / len(samples):.0%} > data.max_failed_fraction={max_fraction:g}); "
+            f"({share:.0%} > data.max_failed_fraction={max_fraction:g}); "
             f"first error: {failed[0].error}; samples with errors: {where}"
         )
 
