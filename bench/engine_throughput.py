@@ -7,6 +7,10 @@ every row makes exactly --new-tokens tokens), same sampling (T=1, no top-k/top-p
 torch thread on each side. The engine gets one batched request shaped as the rollout
 manager sends it (a sampling_seed per row, logprobs returned); HF generates in-process with
 `do_sample=True` and no logprobs. Figures are new tokens per second of wall time.
+
+Then the engine alone on a request shaped as the demo's rollout (128 prompts x 8 samples,
+1 new token each) against 1024 distinct prompts of the same length: the copies of a prompt
+share its prefill.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from bench.common import ratio_line, spread
 from tests.ports import free_port
 
 ADDR = "127.0.0.1"
+GROUPS, COPIES = 128, 8  # the demo's rollout: 128 prompts x 8 samples
 
 
-def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
-    g = random.Random(0)
+def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = random.Random(seed)
     return [[g.randrange(4, vocab) for _ in range(length)] for _ in range(batch)]
 
 
@@ -70,7 +75,11 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         model.generation_config = GenerationConfig()  # no defaults from the checkpoint
         pad_id = model.config.eos_token_id or 0
-        prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size)
+
+        def prompts_of(count: int, length: int, seed: int = 0) -> list[list[int]]:
+            return _prompts(count, length, model.config.vocab_size, seed)
+
+        prompts = prompts_of(args.batch, args.prompt_len)
         port = free_port()
         proc = launch_engine("torch", str(model_dir), ADDR, port, seed=0, threads=1)
         try:
@@ -84,6 +93,15 @@ def main() -> None:
                 engine.append(tokens / seconds)
                 seconds, tokens = _hf_run(model, prompts, args.new_tokens, pad_id)
                 hf.append(tokens / seconds)
+            # a GRPO request at the demo's shape: n copies of each prompt share its prefill
+            grouped = [p for p in prompts_of(GROUPS, args.prompt_len) for _ in range(COPIES)]
+            distinct = prompts_of(GROUPS * COPIES, args.prompt_len)
+            shared_rate, distinct_rate = [], []
+            for _ in range(args.repeats):
+                seconds, tokens = _engine_run(client, grouped, 1)
+                shared_rate.append(tokens / seconds)
+                seconds, tokens = _engine_run(client, distinct, 1)
+                distinct_rate.append(tokens / seconds)
         finally:
             stop_engine(proc)
     print(
@@ -94,6 +112,12 @@ def main() -> None:
     print(f"transformers generate       tokens/s: {spread(hf, '{:.0f}')}")
     ratios = [e / h for e, h in zip(engine, hf, strict=True)]
     print(ratio_line("built-in engine / transformers generate, tokens/s", ratios, ">= 1.5x"))
+    print(
+        f"built-in engine, {GROUPS} prompts x {COPIES} samples, 1 new token each, samples/s: "
+        f"{spread(shared_rate, '{:.0f}')}; {GROUPS * COPIES} distinct prompts: {spread(distinct_rate, '{:.0f}')}"
+    )
+    ratios = [a / b for a, b in zip(shared_rate, distinct_rate, strict=True)]
+    print(ratio_line("built-in engine, copies of a prompt / distinct prompts, samples/s", ratios, "> 1x"))
 
 
 if __name__ == "__main__":

@@ -246,6 +246,15 @@ class LeanLlamaDecoder:
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
         self.filled = 0
 
+    def expand(self, index: torch.Tensor) -> None:
+        """Make row i of the batch a copy of row `index[i]` (its cache, its padding), so a
+        batch prefilled once per distinct prompt decodes every sample of each."""
+        rows, kv = len(self.allowed), self.kv_heads
+        self.keys = [k.view(rows, kv, *k.shape[1:])[index].flatten(0, 1) for k in self.keys]
+        self.values = [v.view(rows, kv, *v.shape[1:])[index].flatten(0, 1) for v in self.values]
+        self.allowed = self.allowed[index]
+        self.decode_bias = self.decode_bias.view(rows, kv, 1, -1)[index].flatten(0, 1)
+
     def _bias(self, rows: int, length: int, start: int, end: int) -> torch.Tensor:
         """The additive mask of this call's queries, [B*KV, G*L or 1, end]."""
         if length == 1:

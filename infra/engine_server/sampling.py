@@ -97,13 +97,62 @@ class _HFDecoder:
         return out.logits[:, -1, :]
 
 
+class _SharedPrefill:
+    """Prefills each distinct prompt once, then decodes every row: the n samples of one
+    prompt (a GRPO group) share its prompt's cache, as in SGLang's prefix cache. The
+    prompt's forward is most of the work when responses are short."""
+
+    def __init__(self, decoder: LeanLlamaDecoder, first: torch.Tensor, index: torch.Tensor) -> None:
+        # first[u]: a row holding distinct prompt u; index[row]: the distinct prompt of the row
+        self.decoder, self.first, self.index = decoder, first, index
+        self.prefilled = False
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        if self.prefilled:
+            return self.decoder(input_ids, position_ids)
+        self.prefilled = True
+        logits = self.decoder(input_ids[self.first], position_ids[self.first])
+        self.decoder.expand(self.index)
+        return logits[self.index]
+
+
+def _distinct(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first row of each distinct prompt, each row's distinct prompt); None when all differ."""
+    seen: dict[tuple[int, ...], int] = {}
+    index = [seen.setdefault(tuple(prompt), len(seen)) for prompt in prompts]
+    if len(seen) == len(prompts):
+        return None
+    first = [0] * len(seen)
+    for row in reversed(range(len(prompts))):
+        first[index[row]] = row
+    return torch.tensor(first), torch.tensor(index)
+
+
+def _lean_decoder(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    mask: torch.Tensor,
+    max_new_tokens: int,
+    lora: LoraAdapter | None,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    shared = _distinct(prompts)
+    if shared is None:
+        return LeanLlamaDecoder(model, mask, max_new_tokens, lora=lora)
+    first, index = shared
+    decoder = LeanLlamaDecoder(model, mask[first.to(mask.device)], max_new_tokens, lora=lora)
+    return _SharedPrefill(decoder, first.to(mask.device), index.to(mask.device))
+
+
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
-        mask[row, width - len(prompt) :] = 1
+    # rows built as lists, one tensor each: a tensor op per row cost more than the prefill
+    # of a batch of short prompts
+    ids = torch.tensor(
+        [[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device
+    )
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device
+    )
     # positions count real tokens only, so a padded row sees the same RoPE positions as
     # the same prompt alone; pad columns get 0 (they are masked anyway)
     positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
@@ -241,7 +290,7 @@ def sample_batch(
     stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device) if stops else None
     ids, mask, positions = _left_pad(prompts, eos_token_id if eos_token_id is not None else 0, device)
     lean = lean_llama.supports(model)
-    decode = LeanLlamaDecoder(model, mask, max_new_tokens, lora=lora) if lean else _HFDecoder(model, mask)
+    decode = _lean_decoder(model, prompts, mask, max_new_tokens, lora) if lean else _HFDecoder(model, mask)
     sample = _Sampler(temperature, top_k, top_p, generator, max_new_tokens, device)
     out = _Outputs(len(prompts), max_new_tokens, device)
     # transformers' forward gets the adapter through hooks on its layers, for this batch only

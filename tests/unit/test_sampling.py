@@ -139,6 +139,34 @@ def test_per_row_generators_make_rows_independent_of_their_batch(model):
     assert both[0].output_ids != both[1].output_ids  # same prompt, own seeds: the copies differ
 
 
+def test_copies_of_a_prompt_share_one_prefill_and_decode_as_their_own_rows(model, monkeypatch):
+    """A GRPO group asks for n samples of one prompt: its prompt is run through the model
+    once, and every copy then decodes on its own cache, as if prefilled alone."""
+    from infra.engine_server import lean_llama
+
+    rows_run: list[int] = []
+    step = lean_llama.LeanLlamaDecoder.__call__
+
+    def counted(self, input_ids, position_ids):
+        rows_run.append(input_ids.shape[0])
+        return step(self, input_ids, position_ids)
+
+    monkeypatch.setattr(lean_llama.LeanLlamaDecoder, "__call__", counted)
+    prompts = [PROMPTS[i % 3] for i in range(9)]  # each prompt 3 times, interleaved
+    gens = [torch.Generator().manual_seed(s) for s in range(9)]
+    outs = sample_batch(model, prompts, generator=gens, max_new_tokens=6, ignore_eos=True)
+    assert rows_run == [3] + [9] * 5  # the prefill on the distinct prompts, then every row
+    for prompt, out in zip(prompts, outs, strict=True):
+        ref = _reference_logprobs(model, prompt, out.output_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+    # a copy draws with its own seed, as it would in a batch of distinct prompts
+    (alone,) = sample_batch(
+        model, [prompts[4]], generator=[torch.Generator().manual_seed(4)], max_new_tokens=6, ignore_eos=True
+    )
+    assert outs[4].output_ids == alone.output_ids
+    assert len({tuple(o.output_ids) for o in outs[0::3]}) > 1  # same prompt, own draws
+
+
 def test_per_row_draws_follow_the_distribution():
     from infra.engine_server.sampling import _draw
 
