@@ -1,6 +1,7 @@
 """Trainer tokens/s: 2 FSDP2 ranks against 1 process, micro-batches by token budget
 against micro-batches by sample count, and the old logprobs from the step's own forward
-against a no-grad pass of their own, on the same batch, side by side in one run.
+against a no-grad pass of their own, on the same batch, side by side in one run; then, on
+a GRPO batch of short answers, a prompt's forward shared by its samples against one row each.
 
     python -m bench.trainer_throughput [--samples 256 --micro-batch 16 --repeats 3]
 
@@ -51,6 +52,27 @@ def batch(n: int, seed: int = 0) -> list:
     return out
 
 
+def grpo_batch(num_samples: int, copies: int = 8, seed: int = 0) -> list:
+    """A GRPO rollout of short answers: `copies` samples of each prompt (8-12 tokens), each
+    response 1-4 tokens, so one prompt's forward serves its group (`shared_prompt_forward`)."""
+    from infra.rollout.batch import Sample
+
+    g = random.Random(seed)
+    out = []
+    for group in range(num_samples // copies):
+        prompt = [g.randrange(4, 30) for _ in range(g.randint(8, 12))]
+        for _ in range(copies):
+            response = [g.randrange(4, 30) for _ in range(g.randint(1, 4))]
+            out.append(
+                Sample(
+                    prompt="", label="", response="", prompt_ids=prompt, response_ids=response,
+                    engine_logprobs=[-3.0] * len(response), weight_version=0, group=group,
+                    reward=float(g.random() < 0.5), advantage=g.uniform(-1, 1),
+                )
+            )  # fmt: skip
+    return out
+
+
 def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, repeats: int, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -67,7 +89,8 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, alg: dict, re
     model = parallelize(model, world_size, gather) if world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    samples = batch(alg.pop("samples"))
+    num_samples = alg.pop("samples")
+    samples = grpo_batch(num_samples) if alg.pop("grpo", False) else batch(num_samples)
     cfg = AlgorithmConfig(**alg)
     times = []
     for _ in range(repeats + 1):  # the first call warms up
@@ -116,6 +139,24 @@ def main() -> None:
         print(f"{name:44s} tokens/s: {spread(values, '{:.0f}')}")
     _report_ratios(*rates.values())
     print(f"median step time: {', '.join(f'{n} {statistics.median(t):.2f} s' for n, t in runs.items())}")
+    _report_shared(model_dir, args.repeats)
+
+
+def _report_shared(model_dir: str, repeats: int) -> None:
+    """A prompt's forward shared by its group against one row per sample, on a GRPO batch."""
+    grpo = {"samples": 1024, "grpo": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        shared = measure(model_dir, 1, dict(grpo), repeats, tmp)
+        plain = measure(model_dir, 1, {**grpo, "shared_prompt_forward": False}, repeats, tmp)
+    print(
+        "GRPO batch: 128 prompts of 8-12 tokens x 8 samples of 1-4 tokens, 1 process; median step "
+        f"time shared prompt forward {statistics.median(shared):.3f} s, one row per sample "
+        f"{statistics.median(plain):.3f} s"
+    )
+    ratios = [p / s for s, p in zip(shared, plain, strict=True)]
+    print(
+        ratio_line("trainer shared prompt forward / one row per sample (GRPO batch), steps/s", ratios, "> 1x")
+    )
 
 
 def _runs(model_dir: str, by_count: dict, budget: int, repeats: int, tmp: str) -> dict[str, list[float]]:

@@ -547,6 +547,14 @@ class AlgorithmConfig(_SeededSection):
         f"both empty the budget is {DEFAULT_MICRO_BATCH_TOKENS} (verl's default), which puts the demo's whole step in one "
         "micro-batch per rank.",
     )
+    shared_prompt_forward: bool = Field(
+        True,
+        description="In the trainer's forward, run each prompt once for the samples of it in a "
+        "micro-batch, its responses packed behind it (an attention mask keeps them apart), where that "
+        "cuts the padded tokens by a quarter or more in rows of at most 2048 tokens: GRPO's n samples "
+        "of a prompt share its forward. The logits and gradients equal the one-row-per-sample forward's "
+        "(up to float rounding). false: one row per sample always.",
+    )
     ppo_epochs: int = Field(
         1, ge=1, description="Passes over each rollout; each pass takes one optimizer step per global batch."
     )

@@ -12,6 +12,7 @@ from torch import nn
 from infra.config import AlgorithmConfig
 from infra.rollout.batch import Sample
 from infra.trainer.micro_batches import padded_length, plan_by_count, plan_by_tokens
+from infra.trainer.shared_prompts import SharedPrompts, pack_shared, shared_logits
 
 
 @dataclass
@@ -25,10 +26,14 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     tis_weights: torch.Tensor | None = None  # [B, T-1], truncated importance weights
+    shared: SharedPrompts | None = None  # the forward's packed layout, where prompts repeat
 
 
-def collate(samples: list[Sample], index: list[int], device: torch.device) -> MicroBatch:
-    """`index`: each sample's position in the rollout's sample list."""
+def collate(
+    samples: list[Sample], index: list[int], device: torch.device, share_prompts: bool = False
+) -> MicroBatch:
+    """`index`: each sample's position in the rollout's sample list. `share_prompts`: a
+    prompt's samples may share its forward (`shared_prompts`)."""
     # Pad id 0 is arbitrary: right padding under a causal mask never influences real tokens
     # and padded positions are masked out of every loss and metric. Length >= 2 so that a
     # micro-batch of empty responses still yields one (masked) target position.
@@ -60,7 +65,10 @@ def collate(samples: list[Sample], index: list[int], device: torch.device) -> Mi
 
     ids_t = torch.tensor(ids, dtype=torch.long).to(device)
     advantages = floats([[s.advantage] for s in samples])
-    return MicroBatch(ids_t, floats(mask), advantages, floats(engine), floats(engine_mask), index=list(index))
+    shared = pack_shared(samples, length, device) if share_prompts else None
+    return MicroBatch(
+        ids_t, floats(mask), advantages, floats(engine), floats(engine_mask), index=list(index), shared=shared
+    )
 
 
 def plan_steps(
@@ -73,10 +81,14 @@ def plan_steps(
     else:
         lengths = [padded_length(len(s.prompt_ids), len(s.response_ids)) for s in samples]
         plan = plan_by_tokens(lengths, world_size, gbs, budget)
-    return [[collate([samples[i] for i in mb], mb, device) for mb in step[rank]] for step in plan]
+    share = cfg.shared_prompt_forward
+    return [[collate([samples[i] for i in mb], mb, device, share) for mb in step[rank]] for step in plan]
 
 
 def logits_of(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """[B, T-1, V]: each sample row's logits, position t predicting token t + 1."""
+    if mb.shared is not None:
+        return shared_logits(model, mb.shared)
     return model(input_ids=mb.input_ids, use_cache=False).logits[:, :-1]
 
 
