@@ -102,9 +102,12 @@ class _SharedPrefill:
     prompt (a GRPO group) share its prompt's cache, as in SGLang's prefix cache. The
     prompt's forward is most of the work when responses are short."""
 
-    def __init__(self, decoder: LeanLlamaDecoder, first: torch.Tensor, index: torch.Tensor) -> None:
-        # first[u]: a row holding distinct prompt u; index[row]: the distinct prompt of the row
-        self.decoder, self.first, self.index = decoder, first, index
+    def __init__(
+        self, decoder: LeanLlamaDecoder, first: torch.Tensor, index: torch.Tensor, decodes: bool
+    ) -> None:
+        # first[u]: a row holding distinct prompt u; index[row]: the distinct prompt of the row;
+        # decodes: steps follow the prefill (else the copies never need a cache of their own)
+        self.decoder, self.first, self.index, self.decodes = decoder, first, index, decodes
         self.prefilled = False
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -112,7 +115,8 @@ class _SharedPrefill:
             return self.decoder(input_ids, position_ids)
         self.prefilled = True
         logits = self.decoder(input_ids[self.first], position_ids[self.first])
-        self.decoder.expand(self.index)
+        if self.decodes:
+            self.decoder.expand(self.index)
         return logits[self.index]
 
 
@@ -140,7 +144,7 @@ def _lean_decoder(
         return LeanLlamaDecoder(model, mask, max_new_tokens, lora=lora)
     first, index = shared
     decoder = LeanLlamaDecoder(model, mask[first.to(mask.device)], max_new_tokens, lora=lora)
-    return _SharedPrefill(decoder, first.to(mask.device), index.to(mask.device))
+    return _SharedPrefill(decoder, first.to(mask.device), index.to(mask.device), max_new_tokens > 1)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device):

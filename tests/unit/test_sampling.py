@@ -165,6 +165,11 @@ def test_copies_of_a_prompt_share_one_prefill_and_decode_as_their_own_rows(model
     )
     assert outs[4].output_ids == alone.output_ids
     assert len({tuple(o.output_ids) for o in outs[0::3]}) > 1  # same prompt, own draws
+    # one new token: the prefill's logits alone, copied to every row
+    gens = [torch.Generator().manual_seed(s) for s in range(9)]
+    firsts = sample_batch(model, prompts, generator=gens, max_new_tokens=1, ignore_eos=True)
+    assert [o.output_ids for o in firsts] == [o.output_ids[:1] for o in outs]
+    assert [o.logprobs for o in firsts] == [o.logprobs[:1] for o in outs]
 
 
 def test_per_row_draws_follow_the_distribution():
