@@ -96,6 +96,8 @@ def main() -> None:
             # a GRPO request at the demo's shape: n copies of each prompt share its prefill
             grouped = [p for p in prompts_of(GROUPS, args.prompt_len) for _ in range(COPIES)]
             distinct = prompts_of(GROUPS * COPIES, args.prompt_len)
+            _engine_run(client, grouped, 1)  # warm-up: the first batch of this size
+            _engine_run(client, distinct, 1)
             shared_rate, distinct_rate = [], []
             for _ in range(args.repeats):
                 seconds, tokens = _engine_run(client, grouped, 1)

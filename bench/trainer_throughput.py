@@ -130,6 +130,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_tiny_model(Path(tmp) / "model", TinyModelConfig()))
         runs = _runs(model_dir, by_count, budget, args.repeats, tmp)
+        grpo = {"samples": 1024, "grpo": True}
+        shared = measure(model_dir, 1, dict(grpo), args.repeats, tmp)
+        plain = measure(model_dir, 1, {**grpo, "shared_prompt_forward": False}, args.repeats, tmp)
     print(
         f"tiny demo model; {args.samples} samples, {tokens} tokens (longest row {longest}); "
         f"micro_batch_size {args.micro_batch}, micro_batch_tokens {budget}; 1 thread per process"
@@ -139,15 +142,11 @@ def main() -> None:
         print(f"{name:44s} tokens/s: {spread(values, '{:.0f}')}")
     _report_ratios(*rates.values())
     print(f"median step time: {', '.join(f'{n} {statistics.median(t):.2f} s' for n, t in runs.items())}")
-    _report_shared(model_dir, args.repeats)
+    _report_shared(shared, plain)
 
 
-def _report_shared(model_dir: str, repeats: int) -> None:
+def _report_shared(shared: list[float], plain: list[float]) -> None:
     """A prompt's forward shared by its group against one row per sample, on a GRPO batch."""
-    grpo = {"samples": 1024, "grpo": True}
-    with tempfile.TemporaryDirectory() as tmp:
-        shared = measure(model_dir, 1, dict(grpo), repeats, tmp)
-        plain = measure(model_dir, 1, {**grpo, "shared_prompt_forward": False}, repeats, tmp)
     print(
         "GRPO batch: 128 prompts of 8-12 tokens x 8 samples of 1-4 tokens, 1 process; median step "
         f"time shared prompt forward {statistics.median(shared):.3f} s, one row per sample "
