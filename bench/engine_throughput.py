@@ -55,6 +55,22 @@ def _hf_run(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> tu
     return time.perf_counter() - t0, int((out.shape[1] - width) * out.shape[0])
 
 
+def _grouped_and_distinct(
+    client, grouped: list[list[int]], distinct: list[list[int]], repeats: int
+) -> tuple[list[float], list[float]]:
+    """Samples/s of a GRPO request at the demo's shape (copies of each prompt share its
+    prefill) and of as many distinct prompts, 1 new token each, alternating."""
+    _engine_run(client, grouped, 1)  # warm-up: the first batch of this size
+    _engine_run(client, distinct, 1)
+    shared_rate, distinct_rate = [], []
+    for _ in range(repeats):
+        seconds, tokens = _engine_run(client, grouped, 1)
+        shared_rate.append(tokens / seconds)
+        seconds, tokens = _engine_run(client, distinct, 1)
+        distinct_rate.append(tokens / seconds)
+    return shared_rate, distinct_rate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=64)
@@ -93,17 +109,9 @@ def main() -> None:
                 engine.append(tokens / seconds)
                 seconds, tokens = _hf_run(model, prompts, args.new_tokens, pad_id)
                 hf.append(tokens / seconds)
-            # a GRPO request at the demo's shape: n copies of each prompt share its prefill
             grouped = [p for p in prompts_of(GROUPS, args.prompt_len) for _ in range(COPIES)]
             distinct = prompts_of(GROUPS * COPIES, args.prompt_len)
-            _engine_run(client, grouped, 1)  # warm-up: the first batch of this size
-            _engine_run(client, distinct, 1)
-            shared_rate, distinct_rate = [], []
-            for _ in range(args.repeats):
-                seconds, tokens = _engine_run(client, grouped, 1)
-                shared_rate.append(tokens / seconds)
-                seconds, tokens = _engine_run(client, distinct, 1)
-                distinct_rate.append(tokens / seconds)
+            shared_rate, distinct_rate = _grouped_and_distinct(client, grouped, distinct, args.repeats)
         finally:
             stop_engine(proc)
     print(
