@@ -37,11 +37,10 @@ class SharedPrompts:
     gather: torch.Tensor  # [B, T-1] per sample row and position: the packed logit to take
 
 
-def _chunks(samples: list[Sample], per_row: int) -> list[tuple[tuple[int, ...], list[int]]]:
+def _chunks(
+    groups: dict[tuple[int, ...], list[int]], per_row: int
+) -> list[tuple[tuple[int, ...], list[int]]]:
     """Each prompt with the rows of its samples, at most `per_row` responses a packed row."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for row, s in enumerate(samples):
-        groups.setdefault(tuple(s.prompt_ids), []).append(row)
     return [
         (prompt, rows[i : i + per_row])
         for prompt, rows in groups.items()
@@ -61,19 +60,21 @@ def pack_shared(samples: list[Sample], length: int, device: torch.device) -> Sha
     computes the fewest padded tokens in rows of at most `MAX_WIDTH` tokens."""
     if any(len(s.prompt_ids) == 0 for s in samples):
         return None
-    best, chunks = MAX_SHARE * len(samples) * length, None
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, s in enumerate(samples):
+        groups.setdefault(tuple(s.prompt_ids), []).append(row)
+    best, chunks, packed_len = MAX_SHARE * len(samples) * length, None, 0
     per_row = 2
     while per_row <= len(samples):
-        candidate = _chunks(samples, per_row)
+        candidate = _chunks(groups, per_row)
         width = _width(samples, candidate)
         if width > MAX_WIDTH:
             break  # rows only grow with more responses each
         if len(candidate) * width < best:
-            best, chunks = len(candidate) * width, candidate
+            best, chunks, packed_len = len(candidate) * width, candidate, width
         per_row *= 2
     if chunks is None:
         return None
-    packed_len = _width(samples, chunks)
     # built as lists and turned into tensors once: a tensor op per sample costs more than
     # the forward it saves at the demo's shape
     ids, positions, segment = [], [], []  # segment: -1 pad, 0 prompt, k the k-th response
