@@ -42,6 +42,13 @@ class OwnDevices:
         """Submit the training of k+1 during k? Only with its batch generated ahead (async mode)."""
         return self._generates_ahead and self._schedule.train_ahead(k)
 
+    def generate_behind_sync(self, k: int) -> int | None:
+        """The rollout whose generate is submitted behind the sync after k, to start as that
+        sync ends: k+2 in async mode (k+1 is in flight), k+1 in sync mode; None where the
+        schedule does not allow it."""
+        upcoming = k + 2 if self._generates_ahead else k + 1
+        return upcoming if self._schedule.generate_behind_sync(k, upcoming) else None
+
 
 class SharedDevices:
     def release_engines(self, run: EngineMemory) -> dict:
@@ -55,6 +62,9 @@ class SharedDevices:
 
     def train_ahead(self, k: int) -> bool:
         return False
+
+    def generate_behind_sync(self, k: int) -> int | None:
+        return None
 
 
 def colocation(config: RunConfig, schedule: LoopSchedule) -> OwnDevices | SharedDevices:

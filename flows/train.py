@@ -2,7 +2,7 @@
 
 In async mode generation of k+1 is submitted before training on k starts, so engines and
 trainer overlap (one step off-policy). Before every weight sync the in-flight generation
-is drained, and the next one is submitted only after it: a sample is at most one optimizer
+is drained, and the next one starts only after it: a sample is at most one optimizer
 step behind the weights that train on it when update_weights_interval is 1 (with N, up to N).
 """
 
@@ -46,7 +46,6 @@ def train(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 - the UI shows
         report = RunArtifacts(config, start, schedule.num_rollout)
         tasks.sync.submit(handles, start).result()
         startup.mark("first_sync")
-
         ahead, devices = config.mode == "async", colocation(config, schedule)
         batches = GenerateAhead(lambda k, after: tasks.generate.submit(handles, k, wait_for=after))
 
@@ -95,20 +94,22 @@ def _train_and_sync(k, run, handles, tasks, devices, schedule, batches, training
     # the sync's task run is submitted now; Ray starts it once training and the batch
     # generated ahead are done (no generation may be in flight while weights change),
     # without waiting for this loop. Colocated, the engines first get their devices back.
-    synced = None
-    if devices.sync_ahead(k):
-        synced = tasks.sync.submit(handles, k + 1, wait_for=trained + batches.in_flight())
-    # so is the next iteration's training, behind that sync (flows/ahead.py)
+    in_flight = trained + batches.in_flight()
+    synced = tasks.sync.submit(handles, k + 1, wait_for=in_flight) if devices.sync_ahead(k) else None
+    # so are the next iteration's training and, where no save or eval comes between, the next
+    # generate: behind that sync (flows/ahead.py)
     if devices.train_ahead(k):
-        training.submit(k + 1, after=[synced] if synced else trained + batches.in_flight())
+        training.submit(k + 1, after=[synced] if synced else in_flight)
+    if synced and (upcoming := devices.generate_behind_sync(k)) is not None:
+        batches.submit(upcoming, after=[synced])
     row = {**released, "time_train_s": 0.0}
     for future in trained:
         row.update(future.result())
     row.update(devices.resume_engines(run))
-    if schedule.sync_after(k):
-        batches.drain()
-        row.update((synced or tasks.sync.submit(handles, k + 1)).result())
-    return row
+    if schedule.sync_after(k) and synced is None:
+        batches.drain()  # colocated: nothing generates while the weights change
+        synced = tasks.sync.submit(handles, k + 1)
+    return {**row, **synced.result()} if synced else row
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,5 +74,17 @@ class LoopSchedule:
         checkpoint of k must hold the weights before k+1's step."""
         return self.has_next(k) and not self.save_after(k)
 
+    def generate_behind_sync(self, k: int, rollout_id: int) -> bool:
+        """May the generate of `rollout_id` be submitted during iteration k, to start as k's
+        weight sync ends? Not across a save (its checkpoint holds the prompt state and the
+        batch generated ahead as they are before the next generate) nor an eval (which the flow submits once the sync has returned;
+        sampling beside it would share the engines with it and lengthen its time)."""
+        return (
+            self.sync_after(k)
+            and rollout_id < self.num_rollout
+            and not self.save_after(k)
+            and not self.eval_after(k)
+        )
+
     def eval_after(self, k: int) -> bool:
         return bool(self.eval_interval) and (_every(self.eval_interval, k) or self.ends_epoch(k))

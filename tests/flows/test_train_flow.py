@@ -85,6 +85,11 @@ def test_async_flow_overlaps_and_keeps_engines_in_sync(prefect_api, tmp_path):
         upstream = {i.id for i in runs[f"train-{k:04d}"].task_inputs.get("wait_for", [])}
         assert (runs[f"sync-{k:04d}"].id in upstream) == ahead, (k, upstream)
         assert runs[f"train-{k:04d}"].start_time >= runs[f"sync-{k:04d}"].end_time
+    # so was the generate of 2 behind the sync of 1 (iteration 0 neither saves nor evaluates);
+    # the generate of 3 was not (iteration 1 saves)
+    for k, ahead in ((2, True), (3, False)):
+        upstream = {i.id for i in runs[f"generate-{k:04d}"].task_inputs.get("wait_for", [])}
+        assert (runs[f"sync-{k - 1:04d}"].id in upstream) == ahead, (k, upstream)
 
     store = RunStore(cfg.storage, cfg.run_name)
     rows = read_metrics(store)

@@ -71,3 +71,12 @@ def test_train_ahead_never_across_a_save_or_past_the_end():
     s = make(num_rollout=6, checkpoint={"save_interval": 2})
     assert fired(s.save_after, 6) == [1, 3, 5]
     assert fired(s.train_ahead, 6) == [0, 2, 4]
+
+
+def test_generate_behind_a_sync_never_across_a_save_or_an_eval_or_past_the_end():
+    s = make(num_rollout=8, update_weights_interval=2, checkpoint={"save_interval": 4}, eval={"interval": 3})
+    assert fired(s.sync_after, 8) == [1, 3, 5, 7]
+    assert fired(s.save_after, 8) == [3, 7] and fired(s.eval_after, 8) == [2, 5]
+    # of the syncs after 1, 3, 5 and 7: not 3 and 7 (saves) nor 5 (an eval)
+    assert [k for k in range(8) if s.generate_behind_sync(k, k + 2)] == [1]
+    assert s.generate_behind_sync(1, 7) and not s.generate_behind_sync(1, 8)  # 8 is past the end
