@@ -121,6 +121,9 @@ def write_run_config(spec: PointSpec, urls: list[str], tmp: Path) -> Path:
             "prompts_per_rollout": spec.samples // GROUP,
             "n_samples_per_prompt": GROUP,
             "sampling": {"max_new_tokens": 4096},
+            # one round a batch: the simulated rewards are all 0, so dynamic sampling (on by
+            # default) would draw every prompt again up to its round limit
+            "dynamic_sampling": False,
         },
         "cluster": {"trainer_class": "bench.sim_trainer:SimTrainerRank", "trainer": {"num_workers": 1}},
     }

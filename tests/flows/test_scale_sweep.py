@@ -22,5 +22,7 @@ def test_one_tiny_point_runs_the_flow_and_reports(tmp_path, capsys):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [0, 1, 2]
     assert [r["weight_version"] for r in rows] == [0, 0, 1]  # async: one step behind
+    # a fixed amount of work an iteration: one round, no dynamic sampling's draws again
+    assert not any(k.startswith("dynamic_sampling_") for r in rows for k in r)
     assert len(list((run / "rollouts").glob("*.parquet"))) == 3
     assert (run / "checkpoints" / "latest").exists()
