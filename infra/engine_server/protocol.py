@@ -334,20 +334,16 @@ def stop_ids_of(sp: SamplingParams, tokenizer: PreTrainedTokenizerBase) -> set[i
     return ids
 
 
-def reply(
-    out: SampleOut,
-    prompt_len: int,
-    rid: str,
-    version: str,
-    req: GenerateReq,
-    sp: SamplingParams,
-    tokenizer: PreTrainedTokenizerBase,
-) -> dict:
-    """One SGLang /generate answer for one sampled sequence (`sp`: its input's parameters)."""
-    text_ids = out.output_ids
-    # As SGLang: the matched stop token stays in output_ids but is trimmed from the text.
+def text_ids(out: SampleOut, sp: SamplingParams) -> list[int]:
+    """The ids a reply's text is decoded from: as SGLang, a matched stop token stays in
+    output_ids but is trimmed from the text."""
     if out.finish_reason["type"] == "stop" and not sp.no_stop_trim:
-        text_ids = text_ids[:-1]
+        return out.output_ids[:-1]
+    return out.output_ids
+
+
+def reply(out: SampleOut, text: str, prompt_len: int, rid: str, version: str, req: GenerateReq) -> dict:
+    """One SGLang /generate answer for one sampled sequence (`text`: its `text_ids` decoded)."""
     meta = {
         "id": rid,
         "finish_reason": out.finish_reason,
@@ -360,5 +356,4 @@ def reply(
         meta["output_token_logprobs"] = [
             [lp, t, None] for lp, t in zip(out.logprobs, out.output_ids, strict=True)
         ]
-    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens)
     return {"text": text, "output_ids": out.output_ids, "meta_info": meta}

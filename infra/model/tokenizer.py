@@ -57,3 +57,29 @@ def unknown_characters(tokenizer: Any, text: str) -> list[str]:
 def describe_characters(chars: list[str]) -> str:
     """`'é' (U+00E9), '\\t' (U+0009)`: readable even for invisible characters."""
     return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars)
+
+
+def decode_many(tokenizer: Any, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+    """`tokenizer.decode(ids, skip_special_tokens=...)` of every sequence, the same strings.
+
+    transformers' `decode` converts its argument element by element in Python before the
+    Rust tokenizer sees it (~6 ms per 1024 one-token samples, ~40 ms per 1024 of 96 tokens on
+    2 cores): a rollout's batch of replies goes to the Rust tokenizer's `decode_batch` in one
+    call instead (~5x faster), where the tokenizer's `decode` is transformers' generic fast
+    one, which is that call alone when it does not clean up tokenization spaces. Any other
+    tokenizer decodes each sequence itself."""
+    if not _decodes_in_rust(tokenizer):
+        return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
+    return tokenizer.backend_tokenizer.decode_batch(list(sequences), skip_special_tokens=skip_special_tokens)
+
+
+def _decodes_in_rust(tokenizer: Any) -> bool:
+    from transformers import PreTrainedTokenizerFast
+
+    kind = type(tokenizer)
+    return (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and kind.decode is PreTrainedTokenizerFast.decode
+        and kind._decode is PreTrainedTokenizerFast._decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )

@@ -30,7 +30,7 @@ from infra.engines.client import EngineClient
 from infra.engines.fleet import EngineFleet
 from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
-from infra.model.tokenizer import load_tokenizer
+from infra.model.tokenizer import decode_many, load_tokenizer
 from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal, rewards_seen
@@ -179,7 +179,11 @@ class RolloutManager:
 
         def finish(idx: range, outs: list[dict]) -> list[Sample]:
             # sample j is copy j % n of prompt j // n; a chunk holds whole groups
-            samples = [self._sample_of(out, rows[j // n], j // n) for j, out in zip(idx, outs, strict=True)]
+            texts = decode_many(self.tokenizer, [out["output_ids"] for out in outs])
+            samples = [
+                self._sample_of(out, text, rows[j // n], j // n)
+                for j, out, text in zip(idx, outs, texts, strict=True)
+            ]
             if per_reply:
                 score_samples(samples, reward_fn, None, timeout_s)
             return samples
@@ -243,14 +247,15 @@ class RolloutManager:
                 done[e] = finish(chunks[e], future.result())
         return [x for chunk in done for x in chunk]
 
-    def _sample_of(self, out: dict, row: dict, group: int) -> Sample:
-        """An engine's /generate reply for one sample of `row` as a Sample."""
+    def _sample_of(self, out: dict, response: str, row: dict, group: int) -> Sample:
+        """An engine's /generate reply for one sample of `row` as a Sample (`response`: its
+        output_ids decoded)."""
         meta = out["meta_info"]
         finish = (meta.get("finish_reason") or {}).get("type", "")
         return Sample(
             prompt=row["prompt_text"],
             label=row["label"],
-            response=self.tokenizer.decode(out["output_ids"], skip_special_tokens=True),
+            response=response,
             prompt_ids=row["prompt_ids"],
             response_ids=list(out["output_ids"]),
             engine_logprobs=[float(t[0]) for t in meta["output_token_logprobs"]],
@@ -290,11 +295,12 @@ class RolloutManager:
 
         with ThreadPoolExecutor(min(16, len(rows))) as pool:
             groups = list(pool.map(run, range(len(rows))))
+        texts = iter(decode_many(self.tokenizer, [t.response_ids for ts in groups for t in ts]))
         return [
             Sample(
                 prompt=rows[g]["prompt_text"],
                 label=rows[g]["label"],
-                response=self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                response=next(texts),
                 prompt_ids=rows[g]["prompt_ids"],
                 response_ids=list(t.response_ids),
                 engine_logprobs=[float(x) for x in t.engine_logprobs],

@@ -136,6 +136,27 @@ def test_no_split_modules_name_the_decoder_layers(tiny_dir):
             assert len(layers) == model.config.num_hidden_layers, (names, len(layers))
 
 
+def test_fast_tokenizer_decode_is_the_rust_decode(tiny_dir):
+    # decode_many hands a batch to the Rust tokenizer where the tokenizer's decode is
+    # transformers' generic fast one (its `_decode`, private, is the Rust call plus an
+    # optional clean-up of spaces): no public API says what `decode` adds
+    import random
+
+    from infra.model.tokenizer import _decodes_in_rust, decode_many, load_tokenizer
+
+    with seam("PreTrainedTokenizerFast._decode", "infra/model/tokenizer.py", "transformers", "5.25.0"):
+        tok = load_tokenizer(str(tiny_dir))
+        assert _decodes_in_rust(tok)
+        rng = random.Random(0)
+        ids = [[rng.randrange(len(tok)) for _ in range(rng.randrange(0, 20))] for _ in range(200)]
+        ids += [[tok.bos_token_id, 40, tok.eos_token_id], [tok.pad_token_id], []]
+        for skip in (True, False):
+            assert decode_many(tok, ids, skip) == [tok.decode(x, skip_special_tokens=skip) for x in ids]
+        tok.clean_up_tokenization_spaces = True  # a clean-up is transformers' doing: decoded one by one
+        assert not _decodes_in_rust(tok)
+        assert decode_many(tok, ids) == [tok.decode(x, skip_special_tokens=True) for x in ids]
+
+
 def test_llama_internals_the_lean_decoder_reads(tiny_dir):
     # the lean step reads LlamaForCausalLM's modules directly; `supports` reads some with
     # defaults, so a renamed attribute would pass it silently: each must exist as named

@@ -21,6 +21,7 @@ from infra.config import TinyModelConfig
 from infra.engines.client import EngineClient, EngineError
 from infra.engines.launch import launch_engine, stop_engine, wait_until_healthy
 from infra.model.tiny import build_tiny_model
+from infra.model.tokenizer import load_tokenizer
 from infra.weights.broadcast import BroadcastSender, pack
 from infra.weights.engines import EngineLink
 from infra.weights.group import broadcast, open_update_group
@@ -106,6 +107,32 @@ def test_stop_token_ids_and_seed(client):
     assert [o["meta_info"]["output_token_logprobs"] for o in first] == [
         o["meta_info"]["output_token_logprobs"] for o in again
     ]
+
+
+def test_reply_texts_follow_stop_trim_and_special_tokens(client, model_dir):
+    # a request's texts are decoded together: as SGLang, a matched stop token is trimmed from
+    # the text (not with no_stop_trim) and skip_special_tokens is honoured
+    tok = load_tokenizer(str(model_dir))
+    greedy = {"max_new_tokens": 8, "temperature": 0}
+    (free,) = client.generate([[1, 9, 9]], greedy)
+    stop = free["output_ids"][2]
+    trimmed = client.generate([[1, 9, 9], [1, 9]], {**greedy, "stop_token_ids": [stop]})
+    kept = client.generate([[1, 9, 9], [1, 9]], {**greedy, "stop_token_ids": [stop], "no_stop_trim": True})
+    for a, b in zip(trimmed, kept, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        cut = a["output_ids"][:-1] if a["meta_info"]["finish_reason"]["type"] == "stop" else a["output_ids"]
+        assert a["text"] == tok.decode(cut, skip_special_tokens=True)
+        assert b["text"] == tok.decode(b["output_ids"], skip_special_tokens=True)
+    assert trimmed[0]["text"] != kept[0]["text"]  # the first stopped at `stop`
+    sampled = {"max_new_tokens": 64, "sampling_seed": 5, "ignore_eos": True, "n": 2}
+    raw = client.generate([[1, 4]], {**sampled, "skip_special_tokens": False})
+    skipped = client.generate([[1, 4]], {**sampled, "skip_special_tokens": True})
+    assert any(set(o["output_ids"]) & set(tok.all_special_ids) for o in raw)  # the setting matters
+    for a, b in zip(raw, skipped, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["text"] == tok.decode(a["output_ids"], skip_special_tokens=False)
+        assert b["text"] == tok.decode(b["output_ids"], skip_special_tokens=True)
+    assert [o["text"] for o in raw] != [o["text"] for o in skipped]
 
 
 def test_get_weights_by_name_answers_leading_rows_like_sglang(server, client, model_dir):
