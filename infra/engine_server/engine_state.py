@@ -16,11 +16,12 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from infra.engine_server.guards import Progress, RowAborts
 from infra.engine_server.lora_adapters import LoraAdapter, read_adapter
 from infra.engine_server.lora_registry import LoraRegistry
 from infra.engine_server.memory import WeightOffload
 from infra.engine_server.protocol import BadRequest
-from infra.engine_server.sampling import SampleOut, sample_batch
+from infra.engine_server.sampling import RowSeeds, SampleOut, sample_batch
 from infra.model.tokenizer import load_tokenizer
 from infra.weights.buckets import FLATTENED_BUCKET
 from infra.weights.group import broadcast, broadcast_async, close_update_group, open_update_group
@@ -113,7 +114,7 @@ class EngineState:
         # given the server seed and the order of requests
         self.generator = torch.Generator().manual_seed(seed)
         self.groups: dict[str, tuple[torch.distributed.ProcessGroup, str]] = {}
-        self._aborts: dict[str, list[threading.Event]] = {}
+        self._aborts: dict[str, list[tuple[RowAborts, int]]] = {}  # rid -> (request's flags, row)
         self._aborts_lock = threading.Lock()
         self.session = session  # speak the update-session protocol (SGLang >= 0.5.23)
         self._session_open = False
@@ -122,21 +123,21 @@ class EngineState:
 
     # ---- generation -------------------------------------------------------------------
 
-    def register(self, rids: list[str]) -> list[threading.Event]:
-        """An abort flag per sampled row, reachable by the row's rid."""
-        flags = [threading.Event() for _ in rids]
+    def register(self, rids: list[str], progress: Progress | None = None) -> RowAborts:
+        """The abort flags of a request's sampled rows, each reachable by its row's rid."""
+        aborts = RowAborts(len(rids), progress)
         with self._aborts_lock:
-            for rid, flag in zip(rids, flags, strict=True):
-                self._aborts.setdefault(rid, []).append(flag)
-        return flags
+            for row, rid in enumerate(rids):
+                self._aborts.setdefault(rid, []).append((aborts, row))
+        return aborts
 
-    def unregister(self, rids: list[str], flags: list[threading.Event]) -> None:
+    def unregister(self, rids: list[str], aborts: RowAborts) -> None:
         with self._aborts_lock:
-            for rid, flag in zip(rids, flags, strict=True):
-                held = self._aborts.get(rid, [])
-                if flag in held:
-                    held.remove(flag)
-                if not held:
+            for rid in rids:
+                held = [entry for entry in self._aborts.get(rid, []) if entry[0] is not aborts]
+                if held:
+                    self._aborts[rid] = held
+                else:
                     self._aborts.pop(rid, None)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
@@ -150,15 +151,15 @@ class EngineState:
             else:
                 hit = []
             for r in hit:
-                for flag in self._aborts[r]:
-                    flag.set()
+                for aborts, row in self._aborts[r]:
+                    aborts.set(row)
 
     def generate(
         self,
         prompts: list[list[int]],
         params: dict,
         seed: int | list[int] | None,
-        aborts: list[threading.Event],
+        aborts: RowAborts,
         adapters: list[LoraAdapter | None] | None = None,
     ) -> tuple[list[SampleOut], str]:
         """Sample all prompts; returns the outputs and the weight version used.
@@ -171,18 +172,17 @@ class EngineState:
             if seed is None:
                 generator = self.generator
             elif isinstance(seed, list):
-                generator = [torch.Generator().manual_seed(s) for s in seed]
+                generator = RowSeeds(seed)
             else:
                 generator = torch.Generator().manual_seed(seed)
             outs: list[SampleOut] = [SampleOut()] * len(prompts)
             for adapter, rows in _rows_by_adapter(adapters or [None] * len(prompts)):
-                flags = [aborts[i] for i in rows]
                 done = sample_batch(
                     self.model,
                     [prompts[i] for i in rows],
                     eos_token_id=self.tokenizer.eos_token_id,
-                    generator=[generator[i] for i in rows] if isinstance(generator, list) else generator,
-                    should_abort=lambda flags=flags: [flag.is_set() for flag in flags],
+                    generator=generator.subset(rows) if isinstance(generator, RowSeeds) else generator,
+                    should_abort=lambda rows=rows: aborts.read(rows),
                     lora=adapter,
                     **params,
                 )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
@@ -14,7 +13,7 @@ from fastapi.responses import Response
 
 from infra.engine_server import protocol as p
 from infra.engine_server.engine_state import EngineState
-from infra.engine_server.guards import BeatingFlag, Progress
+from infra.engine_server.guards import Progress, RowAborts
 from infra.engine_server.protocol import BadRequest
 from infra.model.tokenizer import decode_many
 
@@ -33,9 +32,7 @@ class Generation:
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="generate")
         self.progress = Progress()
 
-    async def run(
-        self, batch, params, seed, flags: list[threading.Event], request: Request | None, adapters=None
-    ):
+    async def run(self, batch, params, seed, aborts: RowAborts, request: Request | None, adapters=None):
         """`state.generate` in the generation threads; a client that hangs up aborts it.
         `adapters`: each row's LoRA adapter (None: the base weights)."""
         progress = self.progress
@@ -44,16 +41,14 @@ class Generation:
                 progress.beat()
             progress.active += 1
         try:
-            beating = [BeatingFlag(flag, progress) for flag in flags]
-            call = functools.partial(self.state.generate, batch, params, seed, beating, adapters)
+            call = functools.partial(self.state.generate, batch, params, seed, aborts, adapters)
             task = asyncio.get_running_loop().run_in_executor(self.pool, call)
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.25)
                 if done:
                     return task.result()
                 if request is not None and await request.is_disconnected():
-                    for flag in flags:  # the client is gone: the decode loop ends at its next step
-                        flag.set()
+                    aborts.set()  # the client is gone: the decode loop ends at its next step
         finally:
             with progress.lock:
                 progress.active -= 1
@@ -85,13 +80,13 @@ class Generation:
         names = [name for name in p.lora_names_of(req, len(prompts)) for _ in range(n)]
         # held from here to the reply, so an unload waits for this request (and may read disk)
         adapters = await asyncio.get_running_loop().run_in_executor(self.pool, state.loras.acquire, names)
-        flags = state.register(rids)
+        aborts = state.register(rids, self.progress)
         try:
             await self.running.wait()
             batch = [prompt for prompt, _ in rows]
-            outs, version = await self.run(batch, params, seeds, flags, request, adapters)
+            outs, version = await self.run(batch, params, seeds, aborts, request, adapters)
         finally:
-            state.unregister(rids, flags)
+            state.unregister(rids, aborts)
             state.loras.release(adapters)
         # the texts in one call (inputs share every parameter but the seed)
         ids = [p.text_ids(o, sp) for o in outs]

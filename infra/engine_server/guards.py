@@ -28,15 +28,33 @@ class Progress:
         return time.monotonic() - self.last if self.active else 0.0
 
 
-class BeatingFlag:
-    """The abort flag as the decode loop sees it: each check (once per step) is a heartbeat."""
+class RowAborts:
+    """The abort flags of one request's sampled rows: raised by /abort_request (by rid) or
+    when the client hangs up, read by the decode loop once per step. Each read is a
+    heartbeat for /health. Plain booleans, not an Event per row: a 1024-row request made and
+    polled 1024 Events (~4 ms of a ~90 ms one-token request)."""
 
-    def __init__(self, flag: threading.Event, progress: Progress) -> None:
-        self.flag, self.progress = flag, progress
+    def __init__(self, rows: int, progress: Progress | None = None) -> None:
+        self.flags = [False] * rows
+        self.raised = False  # any flag set: until then a read builds no list of flags
+        self.progress = progress
 
-    def is_set(self) -> bool:
-        self.progress.beat()
-        return self.flag.is_set()
+    def set(self, row: int | None = None) -> None:
+        """Abort `row`, or every row."""
+        if row is None:
+            self.flags = [True] * len(self.flags)
+        else:
+            self.flags[row] = True
+        self.raised = True
+
+    def read(self, rows: list[int]) -> list[bool]:
+        """The flags of `rows`, in order."""
+        if self.progress is not None:
+            self.progress.beat()
+        if not self.raised:
+            return [False] * len(rows)
+        flags = self.flags
+        return [flags[i] for i in rows]
 
 
 class RequireKey:

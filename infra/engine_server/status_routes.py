@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from infra.engine_server.engine_state import EngineState
 from infra.engine_server.generation_routes import Generation
+from infra.engine_server.guards import RowAborts
 
 
 def add_health_routes(app: FastAPI, generation: Generation, stall_s: float) -> None:
@@ -29,7 +28,7 @@ def add_health_routes(app: FastAPI, generation: Generation, stall_s: float) -> N
     async def health_generate():
         prompt = [state.tokenizer.bos_token_id or 0]
         # its own seed, so health probes do not shift the server's sampling stream
-        await generation.run([prompt], {"max_new_tokens": 1}, 0, [threading.Event()], None)
+        await generation.run([prompt], {"max_new_tokens": 1}, 0, RowAborts(1), None)
         return {"status": "ok"}
 
 

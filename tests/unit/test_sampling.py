@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from infra.config import TinyModelConfig
-from infra.engine_server.sampling import sample_batch
+from infra.engine_server.sampling import RowSeeds, sample_batch
 from infra.model.tiny import build_tiny_model
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20], [1, 30, 31, 32, 33]]
@@ -128,9 +128,8 @@ def test_abort_one_row_leaves_the_others(model):
 
 def test_per_row_generators_make_rows_independent_of_their_batch(model):
     def seeded(prompts, seeds):
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
         return sample_batch(
-            model, prompts, generator=gens, max_new_tokens=5, temperature=1.0, ignore_eos=True
+            model, prompts, generator=RowSeeds(seeds), max_new_tokens=5, temperature=1.0, ignore_eos=True
         )
 
     both = seeded([PROMPTS[0], PROMPTS[0]], [1, 2])
@@ -153,21 +152,19 @@ def test_copies_of_a_prompt_share_one_prefill_and_decode_as_their_own_rows(model
 
     monkeypatch.setattr(lean_llama.LeanLlamaDecoder, "__call__", counted)
     prompts = [PROMPTS[i % 3] for i in range(9)]  # each prompt 3 times, interleaved
-    gens = [torch.Generator().manual_seed(s) for s in range(9)]
-    outs = sample_batch(model, prompts, generator=gens, max_new_tokens=6, ignore_eos=True)
+    outs = sample_batch(model, prompts, generator=RowSeeds(list(range(9))), max_new_tokens=6, ignore_eos=True)
     assert rows_run == [3] + [9] * 5  # the prefill on the distinct prompts, then every row
     for prompt, out in zip(prompts, outs, strict=True):
         ref = _reference_logprobs(model, prompt, out.output_ids, 1.0)
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
     # a copy draws with its own seed, as it would in a batch of distinct prompts
-    (alone,) = sample_batch(
-        model, [prompts[4]], generator=[torch.Generator().manual_seed(4)], max_new_tokens=6, ignore_eos=True
-    )
+    (alone,) = sample_batch(model, [prompts[4]], generator=RowSeeds([4]), max_new_tokens=6, ignore_eos=True)
     assert outs[4].output_ids == alone.output_ids
     assert len({tuple(o.output_ids) for o in outs[0::3]}) > 1  # same prompt, own draws
     # one new token: the prefill's logits alone, copied to every row
-    gens = [torch.Generator().manual_seed(s) for s in range(9)]
-    firsts = sample_batch(model, prompts, generator=gens, max_new_tokens=1, ignore_eos=True)
+    firsts = sample_batch(
+        model, prompts, generator=RowSeeds(list(range(9))), max_new_tokens=1, ignore_eos=True
+    )
     assert [o.output_ids for o in firsts] == [o.output_ids[:1] for o in outs]
     assert [o.logprobs for o in firsts] == [o.logprobs[:1] for o in outs]
 
@@ -176,8 +173,7 @@ def test_per_row_draws_follow_the_distribution():
     from infra.engine_server.sampling import _draw
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(20000, 1)
-    gens = [torch.Generator().manual_seed(i) for i in range(len(probs))]
-    uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens])
+    uniforms = RowSeeds(list(range(len(probs)))).uniforms(1)[0]  # one draw per row, seeds 0..N-1
     tokens = _draw(probs, None, uniforms)
     freq = torch.bincount(tokens, minlength=5).double() / len(tokens)
     assert freq[1] == 0 and freq[4] == 0  # zero-probability tokens never come out
@@ -244,3 +240,18 @@ def test_lean_llama_decoder_with_grouped_kv_heads(tmp_path, fuse):
             )
             step_ids = torch.tensor([[9 + step], [41], [3]])
             step_positions = positions[:, -1:] + step + 1
+
+
+def test_row_seeds_draw_splitmix64_per_row():
+    # SplitMix64 seeded with 0 first gives 0xE220A8397B1DCDAF (its published reference value)
+    first = RowSeeds([0]).uniforms(1)[0, 0].item()
+    assert first == (0xE220A8397B1DCDAF >> 11) * 2.0**-53
+    seeds = [7, -3, 2**70 + 5, 0, 7]
+    draws = RowSeeds(seeds).uniforms(6)
+    assert draws.shape == (6, 5) and draws.dtype == torch.float64
+    assert torch.equal(draws[:, 0], draws[:, 4])  # a seed's draws, wherever its row is
+    assert torch.equal(draws[:, 1], RowSeeds([-3]).uniforms(6)[:, 0])  # and whatever its batch
+    assert torch.equal(draws[:3], RowSeeds(seeds).uniforms(3))  # more steps extend, not change
+    many = RowSeeds(list(range(4000))).uniforms(5)
+    assert many.min() >= 0.0 and many.max() < 1.0
+    assert abs(many.mean().item() - 0.5) < 0.01 and len(set(many.flatten().tolist())) == many.numel()
