@@ -34,6 +34,7 @@ from infra.engines.client import EngineClient, EngineError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PROBE_INTERVAL_S = 1.0
+HEALTH_PROBES_AT_ONCE = 64  # before a sync, engines probed in parallel
 
 
 class EngineDown(EngineError):
@@ -150,12 +151,15 @@ class EngineFleet:
             )
 
     def ensure_healthy(self) -> int:
-        """Recover every engine that does not answer /health now (before a weight sync); returns how many."""
-        recovered = 0
-        for e in range(len(self.urls)):
-            generation = self.restarts[e]
-            client = self.client(e)
-            if not client.health():
-                self.recover(e, generation, EngineDown(f"engine {client.url}: no /health answer"))
-                recovered += 1
-        return recovered
+        """Recover every engine that does not answer /health now (before a weight sync); returns how many.
+
+        The probes go out at once: one after another they put a round trip per engine on
+        every sync's path (0.1 s at 32 engines, about 1 s at 256, bench.scale_sweep)."""
+        generations = list(self.restarts)
+        with ThreadPoolExecutor(min(len(self.urls), HEALTH_PROBES_AT_ONCE)) as pool:
+            healthy = list(pool.map(lambda e: self.client(e).health(), range(len(self.urls))))
+        down = [e for e, ok in enumerate(healthy) if not ok]
+        for e in down:
+            url = self.client(e).url
+            self.recover(e, generations[e], EngineDown(f"engine {url}: no /health answer"))
+        return len(down)

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -63,3 +64,33 @@ def test_a_dead_or_frozen_engine_is_noticed_mid_request(engine, fault):
     assert ("died" if fault == "SIGKILL" else "hung") in str(err.value)
     # a kill: at once; a freeze: the health timeout plus one probe's own timeout (5 s)
     assert took < (5 if fault == "SIGKILL" else HEALTH_TIMEOUT_S + 5 + 5)
+
+
+class _SlowHealth(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        time.sleep(0.4)  # a busy engine's /health
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_probes_before_a_sync_go_out_at_once_and_a_silent_engine_is_named():
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _SlowHealth) for _ in range(8)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    try:
+        fleet = EngineFleet(urls, 60, HEALTH_TIMEOUT_S, max_restarts=0)
+        t0 = time.monotonic()
+        assert fleet.ensure_healthy() == 0
+        assert time.monotonic() - t0 < 8 * 0.4 / 2  # one after another would take 3.2 s
+        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        fleet = EngineFleet([*urls[:3], dead], 60, HEALTH_TIMEOUT_S, max_restarts=0)
+        with pytest.raises(EngineError, match=f"engine {dead}: no /health answer; not restarted"):
+            fleet.ensure_healthy()
+    finally:
+        for server in servers:
+            server.shutdown()
