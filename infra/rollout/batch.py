@@ -3,7 +3,7 @@ object store cheaply and imports neither torch nor pandas."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
 SampleStatus = Literal["completed", "truncated", "failed", "aborted"]
@@ -50,11 +50,6 @@ class Sample:
         if not self.prompt_ids:
             return 0
         return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
-
-    def to_row(self) -> dict:
-        # shallow: the row is read, never changed (asdict would deep-copy every token list,
-        # a third of the rollout manager's time writing the rollout's parquet)
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
