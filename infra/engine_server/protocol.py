@@ -172,16 +172,20 @@ def _is_branch_tag(part: object) -> bool:
     return isinstance(part, str) and (part[:1].isupper() or "[" in part)
 
 
+def _ends_in_branch_tag(loc: tuple) -> bool:
+    return bool(loc) and _is_branch_tag(loc[-1])  # a body that is not JSON has no location
+
+
 # Errors a 400 lists at most: the first ones say what is wrong, a thousand more say nothing.
 _ERRORS_SHOWN = 8
 
 
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
     errors = exc.errors()
-    if any(not _is_branch_tag(e["loc"][-1]) for e in errors):
+    if any(not _ends_in_branch_tag(e["loc"]) for e in errors):
         # a value that failed inside the union branch it matched need not also hear that it
         # is not of the other branches' types
-        errors = [e for e in errors if not _is_branch_tag(e["loc"][-1])]
+        errors = [e for e in errors if not _ends_in_branch_tag(e["loc"])]
     parts = []
     for err in errors:
         field = ".".join(str(x) for x in err["loc"] if x != "body" and not _is_branch_tag(x)) or "body"
@@ -301,9 +305,11 @@ def lora_names_of(req: GenerateReq, num_inputs: int) -> list[str | None]:
 def shared_params(sps: list[SamplingParams]) -> SamplingParams:
     """The settings of a batch, which this engine samples in one go: per-input parameters
     may differ in `sampling_seed` only."""
-    first = sps[0].model_dump(exclude={"sampling_seed"})
+    # the fields' values (a model's __dict__) with the seed blanked: a model_dump per input
+    # took ~3 ms for 1024 inputs
+    first = {**vars(sps[0]), "sampling_seed": None}
     for sp in sps[1:]:
-        if sp.model_dump(exclude={"sampling_seed"}) != first:
+        if {**vars(sp), "sampling_seed": None} != first:
             raise BadRequest("sampling_params: per-input parameters may differ only in sampling_seed here")
     return sps[0]
 

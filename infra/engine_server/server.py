@@ -36,6 +36,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from infra.engine_server import protocol as p
 from infra.engine_server.engine_state import EngineState, GroupJoinTimeout
@@ -82,7 +83,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     """Every failure answers as SGLang's do: `success` false and a message saying why."""
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    @app.exception_handler(ValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
         return p.failure(p.validation_message(exc))
 
     @app.exception_handler(BadRequest)

@@ -315,10 +315,10 @@ class Http:
 
 SEVEN_MIB = b'{"input_ids": [' + b"1," * (7 * 2**19) + b"1]}"
 HTTP_CASES: dict[str, Http] = {
-    "not-json": Http("/generate", b"{not json", message="JSON decode error"),
-    "empty-body": Http("/generate", b"", message="body: Field required"),
-    "array-body": Http("/generate", b"[]", message="body: Input should be a valid dictionary"),
-    "null-body": Http("/generate", b"null", message="body: Field required"),
+    "not-json": Http("/generate", b"{not json", message="body: Invalid JSON"),
+    "empty-body": Http("/generate", b"", message="body: Invalid JSON: EOF"),
+    "array-body": Http("/generate", b"[]", message="body: Input should be an object"),
+    "null-body": Http("/generate", b"null", message="body: Input should be an object"),
     "ids-as-text": Http("/generate", {"input_ids": "abc"}, message="input_ids"),
     "no-input": Http("/generate", {}, message="one of input_ids or text is required"),
     "empty-ids": Http("/generate", {"input_ids": []}, message="input_ids: empty prompt"),
