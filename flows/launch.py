@@ -14,9 +14,11 @@ import argparse
 import importlib
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefect import Flow
 
+from flows import early_start
 from flows.prefect_on_ray import ApiServerStart, worker_env
 from infra import startup
 from infra.cluster.ray_cluster import ray_session
@@ -24,6 +26,9 @@ from infra.config import RunConfig
 from infra.config_files import load_config
 from infra.heap import freeze_startup_heap
 from infra.preflight import already_finished
+
+if TYPE_CHECKING:
+    from infra.system import RLSystem
 
 # What the flow's process imports for RLSystem.start and the preflight; `launch` loads it
 # beside Ray's start. No torch: the tiny model comes from the machine's cache once built.
@@ -43,10 +48,13 @@ def launch(
     description: str,
     prog: str = "python -m flows.train",
     finished: Callable[[RunConfig], str | None] | None = already_finished,
+    system: Callable[[RunConfig, dict[str, str]], RLSystem] | None = None,
 ) -> int:
     """Parse `[--config FILE] key.path=value ...`, start what the run needs and run `train`;
     the process's exit status (0 when the flow run completed). `finished` says why there is
-    nothing to do (then nothing starts); None: always run."""
+    nothing to do (then nothing starts); None: always run. `system` makes the run's system
+    (given its workers' environment), which then starts while the API server boots
+    (flows/early_start.py)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML file with RunConfig fields")
     parser.add_argument("overrides", nargs="*", help="key.path=value settings applied after the file")
@@ -62,13 +70,18 @@ def launch(
     api = ApiServerStart()
     preload = threading.Thread(target=_preload, daemon=True)
     preload.start()
-    with ray_session(config, worker_env(api.url)):  # the flow's RLSystem uses this cluster
+    env = worker_env(api.url)
+    with ray_session(config, env):  # the flow's RLSystem uses this cluster
         startup.mark("ray_connected")
-        with api.ready():
-            startup.mark("prefect_api")
-            # done before the flow imports the same packages: transformers' lazy module, imported
-            # from two threads at once, can hand one of them a half-initialised name (ImportError)
-            preload.join()
-            freeze_startup_heap()  # the imports, Ray's and Prefect's clients: alive for the run
-            state = train(config, return_state=True)
+        # done before anything else imports the same packages: transformers' lazy module,
+        # imported from two threads at once, can hand one of them a half-initialised name
+        preload.join()
+        early = early_start.begin(config, system(config, env)) if system is not None else None
+        try:
+            with api.ready():
+                startup.mark("prefect_api")
+                freeze_startup_heap()  # the imports, Ray's and Prefect's clients: alive for the run
+                state = train(config, return_state=True)
+        finally:
+            early_start.end(early)
     return 0 if state.is_completed() else 1

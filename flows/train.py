@@ -24,7 +24,7 @@ from flows.colocation import colocation
 from flows.launch import launch
 from flows.prefect_on_ray import task_runner
 from flows.run_log import log_iteration, log_outputs, log_start, log_startup
-from flows.run_start import checked_run, run_tasks, started_system
+from flows.run_start import checked_run, new_system, run_tasks, started_system
 from infra import startup
 from infra.config import RunConfig
 from infra.schedule import LoopSchedule
@@ -113,7 +113,7 @@ def _train_and_sync(k, run, handles, tasks, devices, schedule, batches, training
 
 
 def main(argv: list[str] | None = None) -> int:
-    return launch(train, argv, description=__doc__.split("\n")[0])
+    return launch(train, argv, description=__doc__.split("\n")[0], system=new_system)
 
 
 if __name__ == "__main__":

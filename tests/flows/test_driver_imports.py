@@ -1,9 +1,11 @@
 """The flow's own process never imports torch on the demo: its actors' modules, the
 tokenizer check and the tiny model (from the machine's cache, built in the test's own cache
-first) need none of it (docs/LOOP.md, start-up)."""
+first) need none of it (docs/LOOP.md, start-up). And the command starts the run's actors
+while the Prefect API server boots, before the flow run exists (flows/early_start.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,3 +44,6 @@ def test_a_demo_run_leaves_the_flows_process_without_torch(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     result = [line for line in out.stdout.splitlines() if line.startswith("result ")]
     assert result == ["result 0 False False"], out.stdout[-2000:]
+    marks = json.loads((tmp_path / "runs" / "tiny-demo" / "startup.json").read_text())["marks_unix"]
+    assert marks["preflight"] < marks["placement_groups"] < marks["flow_run_started"] < marks["first_sync"]
+    assert "Flow run" in out.stderr and "iter 0000 |" in out.stderr  # the flow run did the loop

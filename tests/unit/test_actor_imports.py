@@ -63,3 +63,18 @@ def test_a_worker_given_rank_handles_does_not_import_torch():
         assert seen == {"torch": False, "infra.trainer.rank": True, "infra.trainer.critic_rank": True}
     finally:
         ray.shutdown()
+
+
+def test_a_control_worker_warmed_imports_nothing_at_its_first_task_run():
+    # a task run unpickles the run's handles (Ray imports each actor's class module) and
+    # calls its task's module: after the warm imports, none of that is left to import
+    code = (
+        "import importlib, sys\n"
+        "from flows.run_start import WORKER_IMPORTS\n"
+        "for m in WORKER_IMPORTS: importlib.import_module(m)\n"
+        "before = set(sys.modules)\n"
+        f"for m in {ACTOR_MODULES[:4] + TASK_MODULES[:-1]!r}: importlib.import_module(m)\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
