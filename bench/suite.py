@@ -59,7 +59,7 @@ BENCHES: list[Bench] = [
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),
     # the baseline: the commit before the start-up work (it writes the same timeline)
-    Bench("bench.startup", ["--baseline", "8079e422257f"]),
+    Bench("bench.startup", ["--baseline", "36f3447"]),
     # the baseline: the commit before a rollout was staged on the trainer ranks when made
     # (the train call after the sync carried it, and each rank unpickled it then);
     # bench.task_run_chain keeps the comparison of the control workers with Ray tasks
