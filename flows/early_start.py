@@ -34,7 +34,8 @@ class EarlyStart:
 
     def __init__(self, config: RunConfig, checked: Preflight, system: RLSystem) -> None:
         self.config, self.checked, self.system = config, checked, system
-        self.taken = False
+        self.taken = False  # the flow run asked for it
+        self.handed = False  # and got its handles: from then on the flow stops it
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="early-start")
         self._starting = self._pool.submit(system.start)
 
@@ -50,19 +51,25 @@ class EarlyStart:
         """The flow takes the system: its handles once started (or the start's error)."""
         self.taken = True
         try:
-            return self._starting.result()
+            handles = self._starting.result()
         except BaseException:
             self.system.dispose()
             raise
+        self.handed = True
+        return handles
 
     def __exit__(self, *exc) -> None:
         self.system.dispose()
 
     def close(self) -> None:
-        """The command's cleanup: a system the flow never took (its preflight disagreed, the
-        flow run failed before it) is stopped once its start has ended."""
+        """The command's cleanup of a system the flow run never got (it failed before, or was
+        interrupted while the system started). Stopped at once: a start still running fails
+        at its next wait on an actor, instead of waiting out the engines' start-up timeout;
+        what it made before it stopped goes with a second stop."""
+        if not self.handed:
+            self.system.dispose()
         wait([self._starting])
-        if not self.taken:
+        if not self.handed:
             self.system.dispose()
         self._pool.shutdown()
 
