@@ -79,8 +79,10 @@ def started_system(config: RunConfig) -> Iterator[tuple[RunHandles, object]]:
     (infra/cluster/control_workers.py, warmed while the actors started). Yields the
     handles, and the handles as the task runs get them. On leaving, the task runs' last logs
     and states reach the API before Ray stops the workers."""
-    system = pending(config) or new_system(config, worker_env())
-    with started(system) as (run, handles):
+    early = pending(config)
+    if early is not None:
+        get_run_logger().info("actors: started by the command while the API server booted")
+    with started(early or new_system(config, worker_env())) as (run, handles):
         yield run, handles
 
 
