@@ -58,7 +58,8 @@ BENCHES: list[Bench] = [
     Bench("bench.asyncio_driver"),
     Bench("bench.checkpoint_io"),
     Bench("bench.demo_footprint"),
-    # the baseline: the commit before the start-up work (it writes the same timeline)
+    # the baseline: the commit before the command started the actors while the API server
+    # boots (it writes the same timeline)
     Bench("bench.startup", ["--baseline", "36f3447"]),
     # the baseline: the commit before a rollout was staged on the trainer ranks when made
     # (the train call after the sync carried it, and each rank unpickled it then);
