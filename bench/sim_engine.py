@@ -12,8 +12,8 @@ Many engines share one process (one aiohttp app per engine on its own port, one 
   `slot_tokens_per_s` whatever the others do (decode is memory bound: a step costs about the
   same at any batch size below the engine's limit); more sequences wait for a free slot in
   arrival order. A batch /generate answers when its last sequence is done, as SGLang does;
-- /pause_generation holds sequences that have not started; /abort_request ends a running
-  sequence at once with the tokens it has (finish `abort`);
+- /pause_generation holds sequences that have not started; /abort_request ends a sequence at
+  once with the tokens it has (finish `abort`), a waiting one with none;
 - weight updates (group, session, distributed, disk) only record the version they name:
   no tensor arrives (nothing broadcasts to a simulated engine);
 - a control route (pause, continue, the weight routes, /server_info) answers after `control_s`, as a real
@@ -85,25 +85,33 @@ class SimEngine:
         self.slots = asyncio.Semaphore(spec.slots)
         self.running = asyncio.Event()
         self.running.set()
-        self.inflight: dict[str, tuple[asyncio.Future, float]] = {}
+        self.inflight: dict[str, asyncio.Future] = {}  # rid -> settles True when aborted
         rng = np.random.default_rng(index)
         self.ids = rng.integers(4, spec.vocab, TABLE).tolist()
         self.logprobs = (-rng.exponential(1.0, TABLE)).round(4).tolist()
 
     async def _decode(self, rid: str, n: int) -> tuple[int, bool]:
-        """Hold a slot for n tokens' time; (tokens made, aborted)."""
+        """Hold a slot for n tokens' time; (tokens made, aborted). Abortable from its arrival:
+        one aborted while it waits for a slot (SGLang's waiting queue) makes no tokens."""
         loop = asyncio.get_running_loop()
-        async with self.slots:
-            await self.running.wait()
-            fut = loop.create_future()
-            start = loop.time()
-            handle = loop.call_later(n / self.spec.slot_tokens_per_s, _settle, fut, False)
-            self.inflight[rid] = (fut, start)
-            try:
-                aborted = await fut
-            finally:
-                handle.cancel()
-                self.inflight.pop(rid, None)
+        fut = loop.create_future()
+        self.inflight[rid] = fut
+        try:
+            async with self.slots:
+                if not self.running.is_set():  # paused: wait for /continue_generation or an abort
+                    resumed = asyncio.ensure_future(self.running.wait())
+                    await asyncio.wait([resumed, fut], return_when=asyncio.FIRST_COMPLETED)
+                    resumed.cancel()
+                if fut.done():
+                    return 0, True
+                start = loop.time()
+                handle = loop.call_later(n / self.spec.slot_tokens_per_s, _settle, fut, False)
+                try:
+                    aborted = await fut
+                finally:
+                    handle.cancel()
+        finally:
+            self.inflight.pop(rid, None)
         if aborted:
             made = int((loop.time() - start) * self.spec.slot_tokens_per_s)
             return max(1, min(n, made)), True
@@ -172,7 +180,7 @@ class SimEngine:
         rid = body.get("rid") or ""
         targets = list(self.inflight) if body.get("abort_all") else [r for r in self.inflight if r == rid]
         for r in targets:
-            _settle(self.inflight[r][0], True)
+            _settle(self.inflight[r], True)
         return _ok(f"aborted {len(targets)}")
 
     async def pause(self, request: web.Request) -> web.Response:

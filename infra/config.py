@@ -314,7 +314,18 @@ class RolloutConfig(_SeededSection):
         description="Tensor-parallel GPUs per engine (SGLang `--tp-size`); an engine takes tp_size ranks "
         "of the weight-update group (rank_offset + tp_rank). The built-in engine runs with 1.",
     )
-    prompts_per_rollout: int = Field(128, ge=1, description="Prompts drawn per iteration.")
+    prompts_per_rollout: int = Field(128, ge=1, description="Prompts trained on per iteration.")
+    over_sample_prompts: int = Field(
+        0,
+        ge=0,
+        description="Long-tailed responses: draw this many prompts more than `prompts_per_rollout`, one "
+        "request per prompt group, and once `prompts_per_rollout` groups have come back abort the rest "
+        "(`/abort_request`): the slowest groups, those holding the longest responses, no longer hold up "
+        "the iteration. An iteration then spends `prompts_per_rollout + over_sample_prompts` prompts of "
+        "the epoch, and the aborted ones are not trained on in it. It favours prompts whose groups "
+        "finish sooner (shorter responses). 0: every group drawn is waited for. Not with "
+        "`generate_fn`.",
+    )
     n_samples_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the GRPO group size).")
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig, description="Sampling of training rollouts."
@@ -346,6 +357,11 @@ class RolloutConfig(_SeededSection):
         "it sent (one model in the engines' dtype) so a restarted engine can get them while training runs; "
         "on CPU it also keeps the buffers of the push before, which the next push fills again.",
     )
+
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts an iteration takes from the prompt stream (the over-sampled included)."""
+        return self.prompts_per_rollout + self.over_sample_prompts
 
     @field_validator("engine_urls")
     @classmethod
@@ -1103,6 +1119,7 @@ class RunConfig(_Section):
         if self.rollout.engine_urls:
             self._check_attached_engines()
         self._check_lora()
+        self._check_over_sampling()
         return self
 
     def _check_groups(self) -> None:
@@ -1129,6 +1146,13 @@ class RunConfig(_Section):
                 f"sft.batch_size={self.sft.batch_size} must be divisible by cluster.trainer.num_workers={ranks}"
             )
         return self
+
+    def _check_over_sampling(self) -> None:
+        if self.rollout.over_sample_prompts and self.rollout.generate_fn is not None:
+            raise ValueError(
+                "rollout.over_sample_prompts with rollout.generate_fn: a custom rollout function's "
+                "requests cannot be aborted by the manager; set rollout.over_sample_prompts to 0"
+            )
 
     def _check_lora(self) -> None:
         if self.weight_sync.lora == "adapter" and self.model.lora is None:

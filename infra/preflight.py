@@ -207,13 +207,17 @@ def check_batch_fits(cfg: RunConfig, num_prompts: int, held_out: int = 0) -> Non
     """One batch draws distinct prompts: a batch larger than the data would hold the same
     prompt twice (and every epoch end would fall inside a batch). `held_out`: rows of the
     train file held out for evaluation, not among `num_prompts`."""
-    batch = cfg.rollout.prompts_per_rollout
+    r = cfg.rollout
+    batch = r.prompts_drawn
     if batch > num_prompts:
         where = cfg.data.train_path
         if held_out:
             where += f"; {held_out} more held out for evaluation since data.eval_path is empty"
+        field = f"rollout.prompts_per_rollout={r.prompts_per_rollout}"
+        if r.over_sample_prompts:
+            field += f" + rollout.over_sample_prompts={r.over_sample_prompts}"
         raise PreflightError(
-            f"rollout.prompts_per_rollout={batch} exceeds the {num_prompts} prompts of data.train_path "
+            f"{field} exceeds the {num_prompts} prompts of data.train_path "
             f"({where}): a batch would hold a prompt twice; lower it or add prompts"
         )
 

@@ -42,7 +42,7 @@ class LoopSchedule:
             eval_interval=cfg.eval.interval,
             hf_export_interval=cfg.checkpoint.hf_export_interval,
             num_critic_only_steps=cfg.num_critic_only_steps,
-            batch_size=cfg.rollout.prompts_per_rollout,
+            batch_size=cfg.rollout.prompts_drawn,
             num_prompts=num_prompts,
         )
 

@@ -36,6 +36,7 @@ from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal, rewards_seen
 from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
+from infra.rollout.over_sampling import first_groups
 from infra.rollout.rollout_files import read_rollout_with_stats, rollout_rel, write_rollout
 from infra.rollout.scoring import (
     assign_advantages,
@@ -57,6 +58,39 @@ T = TypeVar("T")
 def _status(finish_reason: str) -> str:
     """A sample's status from its SGLang finish reason type."""
     return {"length": "truncated", "abort": "aborted"}.get(finish_reason, "completed")
+
+
+def _request(
+    client: EngineClient,
+    prompt_ids: list[list[int]],
+    idx: range,
+    n: int,
+    params: dict,
+    seed: int,
+    rid: str,
+    adapter: tuple[str, int] | None,
+) -> list[dict]:
+    """One /generate of samples `idx` (sample j: copy j % n of prompt j // n)."""
+    outs = client.generate(
+        [prompt_ids[j // n] for j in idx],
+        [{**params, "sampling_seed": seed + j} for j in idx],
+        rid=_rids(rid, idx),
+        **({"lora_path": adapter[0]} if adapter else {}),
+    )
+    if adapter is not None:  # loading an adapter leaves the engine's own version as it was
+        for out in outs:
+            out["meta_info"]["weight_version"] = str(adapter[1])
+    return outs
+
+
+def _rids(rid: str, idx: range) -> list[str]:
+    return [f"{rid}-{j:07d}" for j in idx]
+
+
+def _numbered(samples: list[Sample], group: int) -> list[Sample]:
+    for s in samples:
+        s.group = group
+    return samples
 
 
 def _plain(value):
@@ -87,7 +121,7 @@ class RolloutManager:
         self.eval_sets = [EvalSet.of(d, data, opts, self.cfg.eval) for d in self.cfg.eval.datasets] or [
             EvalSet.default(eval_rows, data, self.cfg.eval)
         ]
-        self.source = PromptSource(train_rows, cfg.rollout.prompts_per_rollout, data.shuffle_seed)
+        self.source = PromptSource(train_rows, cfg.rollout.prompts_drawn, data.shuffle_seed)
         self.reward_fn = resolve_reward(data.reward, data)
         self.stop_ids = self._stop_token_ids(cfg.rollout.sampling.stop)
         self.generate_fn = resolve_generate_fn(cfg.rollout.generate_fn) if cfg.rollout.generate_fn else None
@@ -178,20 +212,56 @@ class RolloutManager:
         per_reply = scope_of(reward_fn) != "batch"
 
         def finish(idx: range, outs: list[dict]) -> list[Sample]:
-            # sample j is copy j % n of prompt j // n; a chunk holds whole groups
-            texts = decode_many(self.tokenizer, [out["output_ids"] for out in outs])
-            samples = [
-                self._sample_of(out, text, rows[j // n], j // n)
-                for j, out, text in zip(idx, outs, texts, strict=True)
-            ]
-            if per_reply:
-                score_samples(samples, reward_fn, None, timeout_s)
-            return samples
+            return self._scored(idx, outs, rows, n, reward_fn if per_reply else None)
 
         samples = self._generate_on_engines([r["prompt_ids"] for r in rows], n, params, seed, rid, finish)
         if not per_reply:
             score_samples(samples, reward_fn, None, timeout_s)
         return samples
+
+    def _scored(
+        self, idx: range, outs: list[dict], rows: list[dict], n: int, reward_fn: Callable | None
+    ) -> list[Sample]:
+        """Replies for samples `idx` (sample j: copy j % n of prompt j // n, whole groups) as
+        Samples, scored by `reward_fn` unless it is None."""
+        texts = decode_many(self.tokenizer, [out["output_ids"] for out in outs])
+        samples = [
+            self._sample_of(out, text, rows[j // n], j // n)
+            for j, out, text in zip(idx, outs, texts, strict=True)
+        ]
+        if reward_fn is not None:
+            score_samples(samples, reward_fn, None, self.cfg.data.reward_timeout_s)
+        return samples
+
+    def _first_to_finish(
+        self, rows: list[dict], seed: int, rid: str
+    ) -> tuple[list[dict], list[Sample], dict]:
+        """rollout.over_sample_prompts: the first `prompts_per_rollout` groups of `rows` to come
+        back, scored and numbered in prompt order; the rows they sample, and the stats of
+        over-sampling (infra/rollout/over_sampling.py)."""
+        r = self.cfg.rollout
+        n, keep = r.n_samples_per_prompt, min(r.prompts_per_rollout, len(rows))
+        params = self._sampling_params(r.sampling.temperature, None)
+        prompt_ids = [row["prompt_ids"] for row in rows]
+        adapter = self._adapter
+        per_reply = scope_of(self.reward_fn) != "batch"
+
+        def request(client: EngineClient, g: int) -> list[dict]:
+            return _request(client, prompt_ids, range(g * n, (g + 1) * n), n, params, seed, rid, adapter)
+
+        def finish(g: int, outs: list[dict]) -> list[Sample]:
+            return self._scored(
+                range(g * n, (g + 1) * n), outs, rows, n, self.reward_fn if per_reply else None
+            )
+
+        kept, stats = first_groups(
+            self.engines, len(rows), keep, request, lambda g: _rids(rid, range(g * n, (g + 1) * n)), finish
+        )
+        order = sorted(kept)
+        samples = [s for i, g in enumerate(order) for s in _numbered(kept[g], i)]
+        if not per_reply:
+            score_samples(samples, self.reward_fn, None, self.cfg.data.reward_timeout_s)
+        return [rows[g] for g in order], samples, stats
 
     def _sampling_params(self, temperature: float, max_new_tokens: int | None) -> dict:
         s = self.cfg.rollout.sampling
@@ -223,21 +293,10 @@ class RolloutManager:
         adapter = self._adapter  # one adapter for the whole call, though a sync may follow it
 
         def run(e: int) -> list[dict]:
-            idx = chunks[e]
             # a chunk whose engine fails is sent again whole, once the engine is recovered
-            outs = self.engines.call(
-                e,
-                lambda client: client.generate(
-                    [prompt_ids[j // n] for j in idx],
-                    [{**params, "sampling_seed": seed + j} for j in idx],
-                    rid=[f"{rid}-{j:07d}" for j in idx],
-                    **({"lora_path": adapter[0]} if adapter else {}),
-                ),
+            return self.engines.call(
+                e, lambda client: _request(client, prompt_ids, chunks[e], n, params, seed, rid, adapter)
             )
-            if adapter is not None:  # loading an adapter leaves the engine's own version as it was
-                for out in outs:
-                    out["meta_info"]["weight_version"] = str(adapter[1])
-            return outs
 
         done: list[list[T]] = [[] for _ in chunks]
         with ThreadPoolExecutor(len(chunks)) as pool:
@@ -339,32 +398,38 @@ class RolloutManager:
         seed = r.seed * 2**40 + rollout_id * 2**20  # + sample index: distinct per sample
         rows, _ = self._fit(self.source.batch(rollout_id))  # prompts_dropped: counted in _keep
         d = self.cfg.data
+        first, extra = None, {}
+        if r.over_sample_prompts:  # round 0: the first groups to come back, the rest aborted
+            rows, first, extra = self._first_to_finish(rows, seed, f"r{rollout_id}")
 
         def draw(round_: int, prompts: list[int]) -> list[Sample]:  # round 0 is the plain rollout
             suffix = f"-d{round_}" if round_ else ""
-            drawn = self._sample(
-                [rows[i] for i in prompts],
-                r.n_samples_per_prompt,
-                r.sampling.temperature,
-                seed + round_ * 2**16,  # 2**16 samples a round at most keep seeds distinct
-                f"r{rollout_id}{suffix}",
-                self.reward_fn,
-            )
+            if round_ == 0 and first is not None:
+                drawn = first
+            else:
+                drawn = self._sample(
+                    [rows[i] for i in prompts],
+                    r.n_samples_per_prompt,
+                    r.sampling.temperature,
+                    seed + round_ * 2**16,  # 2**16 samples a round at most keep seeds distinct
+                    f"r{rollout_id}{suffix}",
+                    self.reward_fn,
+                )
             if failed_share(drawn) > d.max_failed_fraction:
                 # a failing reward fails every round alike (its samples all agree, so dynamic
                 # sampling would draw them all again): stop at the first, its errors on file
                 check_failures(drawn, d.max_failed_fraction, write_rollout(self.store, rollout_id, drawn))
             return drawn
 
-        extra: dict = {}
         if r.dynamic_sampling:
-            samples, extra = fill_with_signal(
+            samples, filled = fill_with_signal(
                 draw,
                 len(rows),
                 r.dynamic_sampling_max_rounds,
                 r.dynamic_sampling_resample,
                 self._rewards_seen,
             )
+            extra.update(filled)
             self._rewards_seen = rewards_seen(extra)
         else:
             samples = draw(0, list(range(len(rows))))

@@ -209,3 +209,35 @@ def test_release_memory_without_the_memory_saver_is_a_no_op_answering_200(server
     client.release_memory_occupation()
     client.resume_memory_occupation()
     assert client.generate([[1, 20, 21]], {"max_new_tokens": 2})[0]["output_ids"]
+
+
+def test_over_sampling_aborts_the_straggling_group_by_its_rids(server: RealServer):
+    """rollout.over_sample_prompts' abort against SGLang's own server: the straggler's
+    /abort_request by exact rid ends it (a batch reply with finish `abort`), the kept groups
+    are whole, and a request of someone else on the engine runs to its end."""
+    from infra.rollout.over_sampling import first_groups
+
+    fleet = EngineFleet([server.url], request_timeout_s=300, health_timeout_s=60, max_restarts=0)
+    tokens = {0: 4, 1: 1000, 2: 4, 3: 4}  # group 1 fills the model's 1024-token context
+    arrived: list[list[dict]] = []
+
+    def rids(g: int) -> list[str]:
+        return [f"os-{g}-{c}" for c in range(2)]
+
+    def request(client: EngineClient, g: int) -> list[dict]:
+        params = {"max_new_tokens": tokens[g], "temperature": 1.0, "ignore_eos": True}
+        outs = client.generate([[1, 20 + g, 21], [1, 20 + g, 22]], params, rid=rids(g))
+        arrived.append(outs)
+        return outs
+
+    other = _long_generation(server.client(), 2, 48)
+    t0 = time.monotonic()
+    kept, stats = first_groups(fleet, 4, 3, request, rids, lambda g, outs: outs)
+    took = time.monotonic() - t0
+    assert sorted(kept) == [0, 2, 3] and stats["over_sample_aborted_groups"] == 1
+    assert all(len(out["output_ids"]) == 4 for g in kept for out in kept[g])
+    [straggler] = [outs for outs in arrived if outs[0]["meta_info"]["id"].startswith("os-1-")]
+    assert {out["meta_info"]["finish_reason"]["type"] for out in straggler} == {"abort"}
+    assert all(len(out["output_ids"]) < 1000 for out in straggler)  # cut short
+    print(f"over-sampled rollout: {took:.2f} s; the straggler made {len(straggler[0]['output_ids'])} tokens")
+    assert all(out["meta_info"]["finish_reason"]["type"] == "length" for out in other.result(timeout=300))

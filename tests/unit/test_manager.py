@@ -198,6 +198,34 @@ def failing_reward(prompt: str, response: str, label: str, **kw) -> float:
     raise RuntimeError("the grader is down")
 
 
+def test_over_sampling_on_the_built_in_engine_keeps_whole_groups_with_dynamic_sampling(engines, tmp_path):
+    rollout = {
+        "prompts_per_rollout": 6,
+        "over_sample_prompts": 3,
+        "n_samples_per_prompt": 4,
+        "sampling": {"max_new_tokens": 3},
+        "dynamic_sampling_max_rounds": 2,
+    }
+    m = manager(engines, tmp_path, rollout=rollout)
+    drawn = [m.formatter.text(row["prompt"]) for row in m.source.batch(0)]
+    summary = m.generate(0)
+    samples = m.get_batch(0).samples
+    assert len(drawn) == 9 and len(samples) == 24
+    assert sorted({s.group for s in samples}) == list(range(6))
+    assert all(s.status != "aborted" and s.prompt in drawn for s in samples)
+    # every group drawn beyond the batch is accounted for: never sent, or sent and thrown away
+    thrown = summary["over_sample_wasted_samples"] // 4 + summary["over_sample_unsent_groups"]
+    assert thrown == 3 and summary["prompts_dropped"] == 0
+    assert summary["dynamic_sampling_rounds"] >= 1  # extra rounds draw from the kept prompts
+    for g in range(6):
+        assert abs(sum(s.advantage for s in samples if s.group == g)) < 1e-6
+    # a resume adopts the stored batch as it was
+    resumed = manager(engines, tmp_path, rollout=rollout)
+    resumed.restore(m.prompt_state(1), prefetched_rollout=0)
+    resumed.generate(0)
+    assert [s.response_ids for s in resumed.get_batch(0).samples] == [s.response_ids for s in samples]
+
+
 def test_a_failing_reward_stops_at_the_first_round_of_dynamic_sampling(engines, tmp_path):
     # every sample fails alike, so every group is flat: the extra rounds would draw them all again
     calls = tmp_path / "calls.txt"

@@ -147,6 +147,12 @@ def test_a_batch_larger_than_the_data_is_refused(tmp_path):
         r"rollout.prompts_per_rollout=4 exceeds the 3 prompts of data.train_path \(.*three.jsonl\)",
         tmp_path / "runs",
     )
+    over = {"rollout__prompts_per_rollout": 2, "rollout__over_sample_prompts": 2}
+    fails(  # over-sampled prompts are drawn from the data too
+        cfg(tmp_path, data__train_path=path, data__eval_path=path, **over),
+        r"rollout.prompts_per_rollout=2 \+ rollout.over_sample_prompts=2 exceeds the 3 prompts",
+        tmp_path / "runs",
+    )
     assert (
         preflight(
             cfg(tmp_path, data__train_path=path, data__eval_path=path, rollout__prompts_per_rollout=3)
