@@ -62,6 +62,7 @@ class PointSpec:
     sync_s: float = 0.2
     median_tokens: float = 64.0
     slots: int = 64
+    over_sample: int = 0  # rollout.over_sample_prompts
 
 
 def group_of(role: str) -> str:
@@ -119,6 +120,7 @@ def write_run_config(spec: PointSpec, urls: list[str], tmp: Path) -> Path:
         "rollout": {
             "engine_urls": urls,
             "prompts_per_rollout": spec.samples // GROUP,
+            "over_sample_prompts": spec.over_sample,
             "n_samples_per_prompt": GROUP,
             "sampling": {"max_new_tokens": 4096},
             # one round a batch: the simulated rewards are all 0, so dynamic sampling (on by
@@ -192,15 +194,19 @@ def _start_flow(spec: PointSpec, config: Path, s_per_sample: float, log: Path) -
 
 def _limits(
     spec: PointSpec, run_dir: Path, window: list[int], t_train: float, rate: float
-) -> tuple[dict[int, float], dict[int, float]]:
-    """Per iteration k of the window: the physical limit and the ideal generate time."""
-    limits, ideal = {}, {}
+) -> tuple[dict[int, float], dict[int, float], list[int]]:
+    """Per iteration k of the window: the physical limit and the ideal generate time of the
+    samples it kept; and every kept sample's staleness (rollout id minus weight version)."""
+    limits, ideal, lags = {}, {}, []
     for k in window:  # the period of k holds the generation of k + 1 (see the docstring)
-        lengths = pq.read_table(run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids"])
-        lens = [len(x) for x in lengths.column("response_ids").to_pylist()]
+        table = pq.read_table(
+            run_dir / "rollouts" / f"{k + 1:07d}.parquet", columns=["response_ids", "weight_version"]
+        )
+        lens = [len(x) for x in table.column("response_ids").to_pylist()]
+        lags += [k + 1 - v for v in table.column("weight_version").to_pylist()]
         ideal[k] = ideal_generate_s(lens, spec.engines, spec.slots, rate)
         limits[k] = max(ideal[k], t_train) + spec.sync_s
-    return limits, ideal
+    return limits, ideal, lags
 
 
 def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> dict:
@@ -240,7 +246,7 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
     periods = start_to_start(rows)
     window = [k for k in range(first, last) if k in periods]
     t_train = spec.samples * s_per_sample
-    limits, ideal = _limits(spec, run_dir, window, t_train, rate)
+    limits, ideal, lags = _limits(spec, run_dir, window, t_train, rate)
     by_row = {r["rollout_id"]: r for r in rows if "rollout_id" in r}
     wall = t1 - t0
     return {
@@ -259,4 +265,14 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
         "written_bytes": {role: (w1.get(role, 0) - w0.get(role, 0)) / n for role in w1},
         "run_dir_bytes": (du1 - du0) / n,
         "memory": memory,
+        "staleness_mean": sum(lags) / len(lags),
+        "staleness_max": max(lags),
+        "over_sample_stats": {  # per iteration: what over-sampling threw away
+            key: sum(by_row[k + 1].get(key, 0) for k in window) / len(window)
+            for key in (
+                "over_sample_aborted_groups",
+                "over_sample_unsent_groups",
+                "over_sample_wasted_tokens",
+            )
+        },
     }
