@@ -209,6 +209,18 @@ def _limits(
     return limits, ideal, lags
 
 
+def _long_tail_figures(by_row: dict[int, dict], window: list[int], lags: list[int]) -> dict:
+    """The kept samples' staleness, and per iteration what over-sampling threw away."""
+    keys = ("over_sample_aborted_groups", "over_sample_unsent_groups", "over_sample_wasted_tokens")
+    return {
+        "staleness_mean": sum(lags) / len(lags),
+        "staleness_max": max(lags),
+        "over_sample_stats": {
+            key: sum(by_row[k + 1].get(key, 0) for k in window) / len(window) for key in keys
+        },
+    }
+
+
 def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> dict:
     """Run one point; its figures (see bench/scale_sweep.py for the table)."""
     first, last = 1, spec.iterations - 1
@@ -265,14 +277,5 @@ def run_point(spec: PointSpec, tmp: Path, log: Path, timeout_s: float = 900) -> 
         "written_bytes": {role: (w1.get(role, 0) - w0.get(role, 0)) / n for role in w1},
         "run_dir_bytes": (du1 - du0) / n,
         "memory": memory,
-        "staleness_mean": sum(lags) / len(lags),
-        "staleness_max": max(lags),
-        "over_sample_stats": {  # per iteration: what over-sampling threw away
-            key: sum(by_row[k + 1].get(key, 0) for k in window) / len(window)
-            for key in (
-                "over_sample_aborted_groups",
-                "over_sample_unsent_groups",
-                "over_sample_wasted_tokens",
-            )
-        },
+        **_long_tail_figures(by_row, window, lags),
     }

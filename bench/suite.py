@@ -87,6 +87,8 @@ BENCHES: list[Bench] = [
         ["--points", "1x1k,8x1k,32x1k,128x1k,8x8k,32x8k,8x32k,256x8k", "--png", "bench/scale_sweep.png"],
         timeout_s=3600,
     ),
+    # long-tailed responses with and without rollout.over_sample_prompts (~9 minutes)
+    Bench("bench.long_tail", timeout_s=2400),
 ]
 
 

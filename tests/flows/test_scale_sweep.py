@@ -26,3 +26,21 @@ def test_one_tiny_point_runs_the_flow_and_reports(tmp_path, capsys):
     assert not any(k.startswith("dynamic_sampling_") for r in rows for k in r)
     assert len(list((run / "rollouts").glob("*.parquet"))) == 3
     assert (run / "checkpoints" / "latest").exists()
+
+
+def test_bench_long_tail_runs_the_flow_with_and_without_over_sampling(tmp_path, capsys):
+    from bench import long_tail
+
+    argv = ["--points", "2x256", "--over-sample", "0,0.25", "--iterations", "3", "--target-s", "1"]
+    assert long_tail.main([*argv, "--keep", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    [ratio] = [line for line in out.splitlines() if line.startswith("RATIO ")]
+    assert "4 prompts over-sampled / none, 2 engines x 256 samples: " in ratio
+    rows = [json.loads(line) for line in (tmp_path / "2x256-os4" / "runs" / "scale" / "metrics.jsonl").open()]
+    assert [r["num_samples"] for r in rows] == [256] * 3  # 16 groups of 16 kept of the 20 drawn
+    for r in rows:  # every group drawn beyond the batch is accounted for
+        assert r["over_sample_wasted_samples"] // 16 + r["over_sample_unsent_groups"] == 4
+    plain = [
+        json.loads(line) for line in (tmp_path / "2x256-os0" / "runs" / "scale" / "metrics.jsonl").open()
+    ]
+    assert not any(k.startswith("over_sample_") for r in plain for k in r)

@@ -31,14 +31,9 @@ STRAGGLER = 2
 
 
 @pytest.fixture(scope="module")
-def loop():
-    with background_loop() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def urls(loop):
-    return asyncio.run_coroutine_threadsafe(serve(SPEC, 2), loop).result(timeout=30)
+def urls():
+    with background_loop() as loop:  # two engines, served while the module's tests run
+        yield asyncio.run_coroutine_threadsafe(serve(SPEC, 2), loop).result(timeout=30)
 
 
 @pytest.fixture(scope="module")
