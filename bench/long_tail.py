@@ -33,15 +33,15 @@ def print_table(rows: list[dict]) -> None:
         "manager CPU s/iter |"
     )
     print("|" + "---|" * 11)
-    plain: dict[tuple[int, int], float] = {}
+    plain = {(r["engines"], r["samples"]): r["iteration_s"] for r in rows if not r["over_sample"]}
     for r in rows:
         key = (r["engines"], r["samples"])
-        plain.setdefault(key, r["iteration_s"])
         o = r["over_sample_stats"]
         prompts = r["samples"] // GROUP
         print(
             f"| {r['engines']} | {_label(r['samples'])} | {r['over_sample']} ({r['over_sample'] / prompts:.1%}) | "
-            f"{r['iteration_s']:.2f} | {r['iteration_s'] / plain[key]:.3f} | {r['generate_s']:.2f} | "
+            f"{r['iteration_s']:.2f} | {r['iteration_s'] / plain[key] if key in plain else float('nan'):.3f} | "
+            f"{r['generate_s']:.2f} | "
             f"{r['staleness_mean']:.2f} / {r['staleness_max']} | {o['over_sample_aborted_groups']:.1f} | "
             f"{o['over_sample_unsent_groups']:.1f} | {o['over_sample_wasted_tokens']:.0f} | "
             f"{r['cpu_s'].get('rollout manager', 0.0):.2f} |"
@@ -69,9 +69,10 @@ def main(argv: list[str]) -> int:
             print(f"run {point}, {extra} prompts over-sampled ({where})", file=sys.stderr, flush=True)
             rows.append(run_point(spec, where, where / "flow.log"))
     print_table(rows)
-    for r in rows:  # the suite's RATIO lines (bench/suite.py)
-        plain = next(p for p in rows if (p["engines"], p["samples"]) == (r["engines"], r["samples"]))
-        if r["over_sample"]:
+    plain_of = {(p["engines"], p["samples"]): p for p in rows if not p["over_sample"]}
+    for r in rows:  # the suite's RATIO lines (bench/suite.py), where the point ran plain too
+        plain = plain_of.get((r["engines"], r["samples"]))
+        if r["over_sample"] and plain is not None:
             print(
                 f"RATIO iteration time, {r['over_sample']} prompts over-sampled / none, {r['engines']} engines x "
                 f"{_label(r['samples'])} samples: {r['iteration_s'] / plain['iteration_s']:.2f}x (staleness "

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from infra.engines.client import EngineClient, EngineError
@@ -110,10 +110,15 @@ class _Run:
         def run(client: EngineClient) -> None:
             with self.lock:
                 todo = [g for g in range(e, self.groups, len(self.engines)) if g not in self.answered]
-            if todo:
-                with ThreadPoolExecutor(min(len(todo), GROUPS_AT_ONCE)) as pool:
-                    for f in [pool.submit(self._one, client, g) for g in todo]:
-                        f.result()
+            if not todo:
+                return
+            pool = ThreadPoolExecutor(min(len(todo), GROUPS_AT_ONCE))
+            futures = [pool.submit(self._one, client, g) for g in todo]
+            pool.shutdown(wait=False)  # a failed group ends the share now: the rest get aborted
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
 
         self.engines.call(e, run)
 
