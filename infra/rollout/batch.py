@@ -52,6 +52,16 @@ class Sample:
         return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
 
 
+def renumbered(groups: list[list[Sample]]) -> list[Sample]:
+    """The groups' samples in order, each group numbered by its place."""
+    out = []
+    for g, group in enumerate(groups):
+        for s in group:
+            s.group = g
+            out.append(s)
+    return out
+
+
 @dataclass
 class RolloutBatch:
     rollout_id: int

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from infra.rollout.batch import Sample
+from infra.rollout.batch import Sample, renumbered
 
 
 def _groups(samples: list[Sample]) -> list[list[Sample]]:
@@ -27,16 +27,6 @@ def _groups(samples: list[Sample]) -> list[list[Sample]]:
 
 def _varied(group: list[Sample]) -> bool:
     return any(s.reward != group[0].reward for s in group)
-
-
-def _renumbered(groups: list[list[Sample]]) -> list[Sample]:
-    """The groups' samples in order, each group numbered by its place."""
-    out = []
-    for g, group in enumerate(groups):
-        for s in group:
-            s.group = g
-            out.append(s)
-    return out
 
 
 def rewards_seen(stats: dict) -> tuple[float, float] | None:
@@ -94,7 +84,7 @@ def fill_with_signal(
         rounds += 1
     chosen = kept[:num_groups]
     filled = flat[: num_groups - len(chosen)]
-    out = _renumbered(chosen + filled)
+    out = renumbered(chosen + filled)
     stats = {
         "dynamic_sampling_rounds": rounds,
         "dynamic_sampling_samples": drawn_samples,

@@ -31,7 +31,7 @@ from infra.engines.fleet import EngineFleet
 from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
 from infra.model.tokenizer import decode_many, load_tokenizer
-from infra.rollout.batch import RolloutBatch, Sample, weight_version_of
+from infra.rollout.batch import RolloutBatch, Sample, renumbered, weight_version_of
 from infra.rollout.custom import GroupRequest, Trajectory, resolve_generate_fn
 from infra.rollout.dynamic_sampling import fill_with_signal, rewards_seen
 from infra.rollout.eval_sets import EvalSet
@@ -85,12 +85,6 @@ def _request(
 
 def _rids(rid: str, idx: range) -> list[str]:
     return [f"{rid}-{j:07d}" for j in idx]
-
-
-def _numbered(samples: list[Sample], group: int) -> list[Sample]:
-    for s in samples:
-        s.group = group
-    return samples
 
 
 def _plain(value):
@@ -246,19 +240,20 @@ class RolloutManager:
         adapter = self._adapter
         per_reply = scope_of(self.reward_fn) != "batch"
 
+        def of(g: int) -> range:  # group g's samples
+            return range(g * n, (g + 1) * n)
+
         def request(client: EngineClient, g: int) -> list[dict]:
-            return _request(client, prompt_ids, range(g * n, (g + 1) * n), n, params, seed, rid, adapter)
+            return _request(client, prompt_ids, of(g), n, params, seed, rid, adapter)
 
         def finish(g: int, outs: list[dict]) -> list[Sample]:
-            return self._scored(
-                range(g * n, (g + 1) * n), outs, rows, n, self.reward_fn if per_reply else None
-            )
+            return self._scored(of(g), outs, rows, n, self.reward_fn if per_reply else None)
 
         kept, stats = first_groups(
-            self.engines, len(rows), keep, request, lambda g: _rids(rid, range(g * n, (g + 1) * n)), finish
+            self.engines, len(rows), keep, request, lambda g: _rids(rid, of(g)), finish
         )
         order = sorted(kept)
-        samples = [s for i, g in enumerate(order) for s in _numbered(kept[g], i)]
+        samples = renumbered([kept[g] for g in order])
         if not per_reply:
             score_samples(samples, self.reward_fn, None, self.cfg.data.reward_timeout_s)
         return [rows[g] for g in order], samples, stats
