@@ -7,11 +7,12 @@ environment (Ray workers of a local cluster inherit the driver's), as JSON in
 `PRL_SIM_TRAINER`: `{"s_per_sample": 0.0005, "sync_s": 0.2}`.
 
 A weight sync posts what rank 0 of the broadcast transport posts to every engine, and as it
-does (`BroadcastSender`): one thread per engine runs that engine's requests in order, so
-every engine's request is in flight at once: /pause_generation (retract) and
-/begin_weight_update; then one /update_weights_from_distributed naming the new version,
-in flight while `sync_s` passes for the broadcast itself (no tensor is sent; a real engine
-answers it once the broadcast has arrived); then /end_weight_update and /continue_generation.
+does (`BroadcastSender`): one lane per engine runs that engine's requests in order, all lanes
+on one event loop (infra/engines/lanes.py), so every engine's request is in flight at once:
+/pause_generation (retract) and /begin_weight_update; then one
+/update_weights_from_distributed naming the new version, in flight while `sync_s` passes for
+the broadcast itself (no tensor is sent; a real engine answers it once the broadcast has
+arrived); then /end_weight_update and /continue_generation.
 Checkpoints are a small JSON file per rank, so saves and their commit run as in a real run.
 """
 
@@ -20,17 +21,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from typing import ClassVar
 
 import ray
+import torch
 
 from infra.config import RunConfig
-from infra.engines.client import PAUSE_MODE, EngineClient
+from infra.engines.client import PAUSE_MODE, EngineClient, weights_update_body
+from infra.engines.lanes import EngineLanes
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import filesystem
 from infra.trainer.batch_inbox import BatchInbox, FromManager
+from infra.weights.engines import EngineLink
 
 ENV = "PRL_SIM_TRAINER"
 
@@ -46,9 +50,9 @@ class SimTrainerRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.settings = sim_settings()
         self.inbox = BatchInbox()
-        # kept, as the real rank keeps its engine links, with a thread per engine (one tuple:
-        # a sync reads both at once while connect_engines may replace them)
-        self.fanout: tuple[list[EngineClient], ThreadPoolExecutor | None] = ([], None)
+        # kept, as the real rank keeps its engine links, with their lanes (one tuple: a sync
+        # reads both at once while connect_engines may replace them)
+        self.fanout: tuple[list[EngineLink], EngineLanes | None] = ([], None)
         self.group = ""
         self.version = "0"
 
@@ -96,42 +100,49 @@ class SimTrainerRank:
     # -- weight sync (rank 0 talks to the engines) ---------------------------------------
     @ray.method(concurrency_group="restore")
     def connect_engines(self, engine_urls: list[str]) -> None:
-        # the previous clients are not closed here: a sync may still be using them (this runs
-        # beside it, in the restore group); they close once dropped, and so do the old threads
+        # the previous lanes are not closed here: a sync may still be using them (this runs
+        # beside it, in the restore group)
         timeout = self.cfg.weight_sync.timeout_s
-        clients = [EngineClient(url, timeout) for url in engine_urls]
-        pool = ThreadPoolExecutor(max(1, len(clients)), thread_name_prefix="sim-weight-post")
-        self.fanout = (clients, pool)
+        links = [EngineLink(EngineClient(url, timeout), 1, 1, torch.float32) for url in engine_urls]
+        self.fanout = (links, EngineLanes(len(links)) if self.rank == 0 and links else None)
 
-    def _submit(self, fn: Callable[[EngineClient], None]) -> list[Future]:
-        clients, pool = self.fanout
-        if self.rank != 0 or pool is None:
+    def _submit(self, fn: Callable[[EngineLink], Awaitable[None]]) -> list[Future]:
+        links, lanes = self.fanout
+        if lanes is None:
             return []
-        return [pool.submit(fn, client) for client in clients]
+        return [lanes.submit(i, fn, link) for i, link in enumerate(links)]
 
-    def _each(self, fn: Callable[[EngineClient], None]) -> None:
+    def _each(self, fn: Callable[[EngineLink], Awaitable[None]]) -> None:
         for request in self._submit(fn):
             request.result()  # an engine's failure names its URL (EngineError)
 
+    def _call(self, link: EngineLink, path: str, body: dict) -> Awaitable:
+        return self.fanout[1].call(link.client, "POST", path, body)
+
     def open_weight_group(self, group_name: str) -> None:
         self.group = group_name
-        world = len(self.fanout[0]) + 1
-        self._each(lambda c: c.init_weights_update_group("127.0.0.1", 0, 1, world, group_name))
+        body = {"master_address": "127.0.0.1", "master_port": 0, "rank_offset": 1, "backend": "gloo"}
+        body |= {"world_size": len(self.fanout[0]) + 1, "group_name": group_name}
+        self._each(lambda link: self._call(link, "/init_weights_update_group", body))
 
     def update_weights(self, weight_version: int) -> dict:
         start = time.perf_counter()
         version = str(weight_version)
+        lanes = self.fanout[1]
 
-        def pause(c: EngineClient) -> None:
-            c.pause_generation(PAUSE_MODE)
-            c.begin_weight_update()
+        async def pause(link: EngineLink) -> None:
+            await self._call(link, "/pause_generation", {"mode": PAUSE_MODE})
+            await link.begin_session(lanes)
 
-        def announce(c: EngineClient) -> None:
-            c.update_weights_from_distributed(["sim"], ["float32"], [[1]], self.group, weight_version=version)
+        def announce(link: EngineLink) -> Awaitable:
+            body = weights_update_body(["sim"], ["float32"], [[1]], self.group, weight_version=version)
+            return self._call(link, "/update_weights_from_distributed", body)
 
-        def resume(c: EngineClient) -> None:
-            c.end_weight_update()
-            c.continue_generation()
+        async def resume(link: EngineLink) -> None:
+            try:
+                await link.end_session(lanes)
+            finally:
+                await self._call(link, "/continue_generation", {})
 
         self._each(pause)
         posts = self._submit(announce)
@@ -152,7 +163,7 @@ class SimTrainerRank:
 
     @ray.method(concurrency_group="restore")
     def close_weight_group(self) -> None:
-        self._each(lambda c: c.destroy_weights_update_group(self.group))
+        self._each(lambda link: self._call(link, "/destroy_weights_update_group", {"group_name": self.group}))
 
     def check_weights_equal(self) -> dict:
         return {"weight_check": "simulated: not compared"}
@@ -174,8 +185,8 @@ class SimTrainerRank:
         pass
 
     def shutdown(self) -> None:
-        clients, pool = self.fanout
-        if pool is not None:
-            pool.shutdown(wait=False)
-        for client in clients:
-            client.close()
+        links, lanes = self.fanout
+        if lanes is not None:
+            lanes.close()
+        for link in links:
+            link.client.close()

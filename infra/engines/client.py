@@ -37,7 +37,7 @@ def _headers() -> dict[str, str]:
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
@@ -62,7 +62,7 @@ class EngineClient:
         self.timeout_s = timeout_s
         self._http = httpx.Client(
             timeout=timeout_s,
-            verify=_tls(),
+            verify=tls_context(),
             limits=httpx.Limits(
                 max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S
             ),
@@ -86,28 +86,16 @@ class EngineClient:
     ) -> tuple[Any, httpx.Headers]:
         """The reply's decoded body and its headers; an EngineError for any failure."""
         try:
-            # orjson writes a 1024-sample /generate body ~10x faster than the json httpx uses
-            content = None if body is None else orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-            headers = _headers() if body is None else {**_headers(), "Content-Type": "application/json"}
             resp = self._http.request(
                 method,
                 f"{self.url}{path}",
-                content=content,
-                headers=headers,
+                content=request_content(body),
+                headers=request_headers(body),
                 timeout=timeout_s or self.timeout_s,
             )
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
-        try:
-            # orjson: a /generate answer is mostly logprob floats, which it reads ~2x faster
-            data = orjson.loads(resp.content)
-        except ValueError:  # orjson.JSONDecodeError included
-            data = resp.text
-        if resp.is_error or (isinstance(data, dict) and data.get("success") is False):
-            raise EngineError(
-                f"{self.url}{path}: HTTP {resp.status_code}: {_message(data)}", resp.status_code
-            )
-        return data, resp.headers
+        return reply_data(f"{self.url}{path}", resp.status_code, resp.content), resp.headers
 
     def health(self) -> bool:
         try:
@@ -181,18 +169,11 @@ class EngineClient:
         """Announce a bucket; its tensors then come by broadcast. `load_format="flattened_bucket"`:
         one byte buffer holding them back to back, in order. Returns the engine's own phase
         times where it reports them (the built-in engine does; SGLang does not: {})."""
-        body = {
-            "names": names,
-            "dtypes": dtypes,
-            "shapes": shapes,
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-            "weight_version": weight_version,
-        }
-        if load_format is not None:  # absent unless asked: older servers may not know the field
-            body["load_format"] = load_format
+        body = weights_update_body(
+            names, dtypes, shapes, group_name, flush_cache, weight_version, load_format
+        )
         _, headers = self._exchange("POST", "/update_weights_from_distributed", body)
-        return _timings(headers.get(TIMINGS_HEADER))
+        return timings_of(headers.get(TIMINGS_HEADER))
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
         self._call(
@@ -276,7 +257,52 @@ def paused(client: EngineClient) -> Iterator[None]:
         client.continue_generation()
 
 
-def _timings(header: str | None) -> dict[str, float]:
+def weights_update_body(
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    group_name: str,
+    flush_cache: bool = True,
+    weight_version: str | None = None,
+    load_format: str | None = None,
+) -> dict:
+    """The body of `/update_weights_from_distributed` (see `update_weights_from_distributed`)."""
+    body = {
+        "names": names,
+        "dtypes": dtypes,
+        "shapes": shapes,
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+        "weight_version": weight_version,
+    }
+    if load_format is not None:  # absent unless asked: older servers may not know the field
+        body["load_format"] = load_format
+    return body
+
+
+def request_content(body: dict | None) -> bytes | None:
+    # orjson writes a 1024-sample /generate body ~10x faster than the json httpx uses
+    return None if body is None else orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def request_headers(body: dict | None) -> dict[str, str]:
+    return _headers() if body is None else {**_headers(), "Content-Type": "application/json"}
+
+
+def reply_data(where: str, status: int, content: bytes) -> Any:
+    """An engine's reply body, decoded; an EngineError (naming `where`, the URL and route) for
+    an HTTP error or `success: false`."""
+    try:
+        # orjson: a /generate answer is mostly logprob floats, which it reads ~2x faster
+        data = orjson.loads(content)
+    except ValueError:  # orjson.JSONDecodeError included
+        data = content.decode(errors="replace")
+    if status >= 400 or (isinstance(data, dict) and data.get("success") is False):
+        raise EngineError(f"{where}: HTTP {status}: {_message(data)}", status)
+    return data
+
+
+def timings_of(header: str | None) -> dict[str, float]:
     """Numeric fields of the timings header; {} when absent or malformed (they only inform)."""
     try:
         data = json.loads(header) if header else {}

@@ -11,6 +11,7 @@ session on servers that have them.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -22,11 +23,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from infra.engines.client import PAUSE_MODE
+from infra.engines.client import PAUSE_MODE, TIMINGS_HEADER, timings_of, weights_update_body
+from infra.engines.lanes import EngineLanes
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
 from infra.weights.group import broadcast_async, close_update_group, host_update_store, open_update_group
 from infra.weights.payload import empty_bucket, filled_bucket, reuse_bucket
+
+UPDATE_ROUTE = "/update_weights_from_distributed"
 
 
 def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -68,9 +72,10 @@ class BroadcastSender:
         self.dtype = common_dtype(links)
         self.group: dist.ProcessGroup | None = None
         self.device = torch.device("cpu")  # where payloads live: gloo moves CPU tensors, nccl GPU ones
-        # one thread per engine runs its requests in order (session begin, then each bucket's
-        # post) while this thread gathers and broadcasts
-        self._queues = [ThreadPoolExecutor(1, thread_name_prefix="weight-post") for _ in links]
+        # one lane per engine runs its requests in order (session begin, then each bucket's
+        # post), all lanes on one event-loop thread, while this thread gathers and broadcasts;
+        # made once the group is open (a sender whose group never formed holds no thread)
+        self._lanes: EngineLanes | None = None
         self._begins: list[Future] = []  # the open session's begin, per engine
         self._abandoned = threading.Event()  # set when the open session's sync failed
         self.timings: defaultdict[str, float] = defaultdict(float)
@@ -112,6 +117,7 @@ class BroadcastSender:
             )
             for join in joins:
                 join.result(timeout=self.timeout_s)
+        self._lanes = EngineLanes(len(self.links))
 
     @contextmanager
     def session(self) -> Iterator[None]:
@@ -126,7 +132,7 @@ class BroadcastSender:
         if self.group is None:
             raise RuntimeError("weight sync before the weight-update group was opened")
         self._abandoned = threading.Event()
-        self._begins = [q.submit(self._begin, link) for q, link in zip(self._queues, self.links, strict=True)]
+        self._begins = [self._lanes.submit(i, self._begin, link) for i, link in enumerate(self.links)]
         try:
             yield
             for begin in self._begins:  # a begin that failed fails the sync, buckets or not
@@ -136,8 +142,8 @@ class BroadcastSender:
             # the clean-up queues behind the engine's pause, begin and posts: it cannot run
             # before a late pause or begin lands, nor leave a session or a pause behind
             cleanups = [
-                q.submit(self._abandon, link, begin)
-                for q, link, begin in zip(self._queues, self.links, self._begins, strict=True)
+                self._lanes.submit(i, self._abandon, link, begin)
+                for i, (link, begin) in enumerate(zip(self.links, self._begins, strict=True))
             ]
             for cleanup in cleanups:
                 with suppress(Exception):  # report the failure that got us here
@@ -146,48 +152,53 @@ class BroadcastSender:
         finally:
             self._begins = []
         t0 = time.perf_counter()
-        ends = [q.submit(self._end, link) for q, link in zip(self._queues, self.links, strict=True)]
+        ends = [self._lanes.submit(i, self._end, link) for i, link in enumerate(self.links)]
         for end in ends:
             end.result(timeout=self.timeout_s)
         self.timings["session_end_s"] += time.perf_counter() - t0
 
-    def _begin(self, link: EngineLink) -> None:
+    async def _begin(self, link: EngineLink) -> None:
         t0 = time.perf_counter()
-        link.client.pause_generation(PAUSE_MODE)
-        link.begin_session()
+        await self._lanes.call(link.client, "POST", "/pause_generation", {"mode": PAUSE_MODE})
+        await link.begin_session(self._lanes)
         self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
 
-    @staticmethod
-    def _abandon(link: EngineLink, begin: Future) -> None:
-        """A failed sync, on the engine's queue: close its session if it opened, resume it."""
+    async def _abandon(self, link: EngineLink, begin: Future) -> None:
+        """A failed sync, on the engine's lane: close its session if it opened, resume it."""
         try:
-            if begin.exception(timeout=0) is None:
-                link.end_session()
+            if begin.exception(timeout=0) is None:  # done: it ran before, on this lane
+                await link.end_session(self._lanes)
         finally:
-            link.client.continue_generation()
+            await self._lanes.call(link.client, "POST", "/continue_generation", {})
 
-    @staticmethod
-    def _end(link: EngineLink) -> None:
+    async def _end(self, link: EngineLink) -> None:
         try:
-            link.end_session()
+            await link.end_session(self._lanes)
         finally:
-            link.client.continue_generation()
+            await self._lanes.call(link.client, "POST", "/continue_generation", {})
 
-    def _post(self, index: int, abandoned: threading.Event, after: PendingBucket | None, *args) -> dict:
+    async def _post(self, index: int, abandoned: threading.Event, after: PendingBucket | None, *args) -> dict:
         # an engine that gets this request waits in its receive for a broadcast: never send
         # it for a sync that already failed (its broadcast will not come)
         if abandoned.is_set():
             raise EarlierBucketFailed("the sync failed before this bucket's request was sent")
-        if self._begins:  # already done: it ran first on this queue; its failure is the post's
+        if self._begins:  # already done: it ran first on this lane; its failure is the post's
             self._begins[index].result(timeout=0)
         if after is not None:
             # An engine that gets a request waits in its receive for the broadcast. Send it
             # only when every engine took the bucket before, which is exactly when the
             # caller goes on to broadcast this one (see `announce`).
-            for post in after.posts:
-                if post.exception(timeout=self.timeout_s) is not None:
-                    raise EarlierBucketFailed(f"bucket of {after.names[0]!r}... failed first")
-        return self.links[index].client.update_weights_from_distributed(*args)
+            posts = [asyncio.wrap_future(post) for post in after.posts]
+            done, running = await asyncio.wait(
+                posts, timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION
+            )
+            if any(post.exception() is not None for post in done):
+                raise EarlierBucketFailed(f"bucket of {after.names[0]!r}... failed first")
+            if running:
+                raise TimeoutError(f"bucket of {after.names[0]!r}... unanswered after {self.timeout_s} s")
+        body = weights_update_body(*args)
+        _, headers = await self._lanes.call(self.links[index].client, "POST", UPDATE_ROUTE, body)
+        return timings_of(headers.get(TIMINGS_HEADER))
 
     def announce(
         self,
@@ -214,7 +225,8 @@ class BroadcastSender:
         dtypes = [dtype_name(self.dtype)] * len(names)
         load_format = FLATTENED_BUCKET if self.flatten else None
         posts = [
-            queue.submit(
+            self._lanes.submit(
+                i,
                 self._post,
                 i,
                 self._abandoned,
@@ -227,7 +239,7 @@ class BroadcastSender:
                 version,
                 load_format,
             )
-            for i, queue in enumerate(self._queues)
+            for i in range(len(self.links))
         ]
         self.timings["announce_s"] += time.perf_counter() - t0
         return PendingBucket(names, posts)
@@ -339,7 +351,8 @@ class BroadcastSender:
         if self.group is not None:
             close_update_group(self.group)
             self.group = None
-        for queue in self._queues:
-            queue.shutdown(wait=False)
+        if self._lanes is not None:
+            self._lanes.close()
+            self._lanes = None
         if errors:
             raise RuntimeError(f"destroy_weights_update_group failed on {errors}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infra.engines.client import EngineClient, EngineError
+from infra.engines.lanes import EngineLanes
 
 # SGLang's answer (400) to a begin while a session is open; the built-in server says the same
 STALE_SESSION = "already open"
@@ -68,12 +69,12 @@ class EngineLink:
     def url(self) -> str:
         return self.client.url
 
-    def begin_session(self) -> None:
+    async def begin_session(self, lanes: EngineLanes) -> None:
         """Open an update session where the server has them; the first call probes."""
         if self._has_session is False:
             return
         try:
-            self.client.begin_weight_update()
+            await lanes.call(self.client, "POST", "/begin_weight_update", {})
         except EngineError as exc:
             if self._has_session is None and exc.status == 404:
                 self._has_session = False  # an older server: updates need no session
@@ -82,13 +83,13 @@ class EngineLink:
                 raise
             # a session left open by a sync that gave up before its begin was answered:
             # close it, then open ours
-            self.client.end_weight_update()
-            self.client.begin_weight_update()
+            await lanes.call(self.client, "POST", "/end_weight_update", {})
+            await lanes.call(self.client, "POST", "/begin_weight_update", {})
         self._has_session = True
 
-    def end_session(self) -> None:
+    async def end_session(self, lanes: EngineLanes) -> None:
         if self._has_session:
-            self.client.end_weight_update()
+            await lanes.call(self.client, "POST", "/end_weight_update", {})
 
     @property
     def has_session(self) -> bool | None:

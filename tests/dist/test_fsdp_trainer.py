@@ -278,7 +278,9 @@ def test_two_ranks_with_micro_batches_match_one_process(model_dir, tmp_path, var
 class _QueueEngine:
     """Stands in for EngineClient in the trainer process: hands each request to the in-test
     receiver by a queue; the tensors then travel by the real broadcasts of update_weights.
-    It answers like an SGLang 0.5.16 server: fp32 weights, no update session (404)."""
+    It answers like an SGLang 0.5.16 server: fp32 weights, no update session (404). The
+    sync's calls go out through `EngineLanes.call` (the request bodies the trainer sends),
+    which `_sync_worker` points at `answer`."""
 
     queue = None
 
@@ -288,30 +290,28 @@ class _QueueEngine:
     def server_info(self) -> dict:
         return {"dtype": "float32", "tp_size": 1}
 
-    def begin_weight_update(self) -> None:
-        from infra.engines.client import EngineError
-
-        raise EngineError("queue://engine/begin_weight_update: HTTP 404: Not Found", 404)
-
     def init_weights_update_group(
         self, master_address, master_port, rank_offset, world_size, group_name, backend
     ):
         self.queue.put(("init", master_address, master_port, rank_offset, world_size, group_name, backend))
 
-    def update_weights_from_distributed(
-        self, names, dtypes, shapes, group_name, flush_cache, weight_version, load_format=None
-    ):
-        self.queue.put(("update", names, dtypes, shapes, flush_cache, weight_version, load_format))
-        return {}
-
     def destroy_weights_update_group(self, group_name) -> None:
         self.queue.put(("destroy", group_name))
 
-    def pause_generation(self, mode: str = "abort") -> None:
-        assert mode == "retract", mode  # running requests requeued, never aborted, by a sync
+    def answer(self, method: str, path: str, body: dict) -> tuple[dict, dict]:
+        from infra.engines.client import EngineError
 
-    def continue_generation(self) -> None:
-        pass
+        assert method == "POST", (method, path)
+        if path == "/pause_generation":
+            assert body == {"mode": "retract"}, body  # running requests requeued, never aborted
+        elif path == "/begin_weight_update":
+            raise EngineError("queue://engine/begin_weight_update: HTTP 404: Not Found", 404)
+        elif path == "/update_weights_from_distributed":
+            keys = ("names", "dtypes", "shapes", "flush_cache", "weight_version", "load_format")
+            self.queue.put(("update", *(body.get(k) for k in keys)))
+        elif path != "/continue_generation":
+            raise AssertionError(f"unexpected request {path}")
+        return {}, {}
 
 
 def _receiver(queue, out: str) -> None:
@@ -353,10 +353,16 @@ def _sync_worker(index: int, port: int, model_dir: str, out: str, queue) -> None
     if index == 2:  # the third process plays the engine
         return _receiver(queue, out)
     import infra.weights.engines as engines_module
+    from infra.engines.lanes import EngineLanes
     from infra.trainer.rank import TrainerRank
 
     _QueueEngine.queue = queue
     engines_module.EngineClient = _QueueEngine
+
+    async def answer(self, client, method, path, body=None):
+        return client.answer(method, path, body)
+
+    EngineLanes.call = answer
     trainer = TrainerRank(_cfg(), index, 2)
     trainer.setup(model_dir, {}, ADDR, port)
     trainer.train(0, _batch(0))

@@ -134,7 +134,11 @@ def test_a_sync_whose_session_start_answers_late_leaves_the_engine_serving(
     sync gave up (injected by leaving the pause out, so the start waits behind a long
     generation). The sync fails within its timeouts, no bucket request goes out after it,
     and the engine finishes the generation, answers new requests and takes the next sync."""
-    monkeypatch.setattr(BroadcastSender, "_begin", lambda self, link: link.begin_session())
+
+    async def begin_without_pause(self: BroadcastSender, link) -> None:
+        await link.begin_session(self._lanes)
+
+    monkeypatch.setattr(BroadcastSender, "_begin", begin_without_pause)
     client = server.client()
     long = _long_generation(client, n=64, new_tokens=LONG)
     time.sleep(2.0)
