@@ -26,7 +26,6 @@ from concurrent.futures import Future
 from typing import ClassVar
 
 import ray
-import torch
 
 from infra.config import RunConfig
 from infra.engines.client import PAUSE_MODE, EngineClient, weights_update_body
@@ -103,7 +102,9 @@ class SimTrainerRank:
         # the previous lanes are not closed here: a sync may still be using them (this runs
         # beside it, in the restore group)
         timeout = self.cfg.weight_sync.timeout_s
-        links = [EngineLink(EngineClient(url, timeout), 1, 1, torch.float32) for url in engine_urls]
+        links = [
+            EngineLink(EngineClient(url, timeout), 1, 1, None) for url in engine_urls
+        ]  # no dtype: no tensors
         self.fanout = (links, EngineLanes(len(links)) if self.rank == 0 and links else None)
 
     def _submit(self, fn: Callable[[EngineLink], Awaitable[None]]) -> list[Future]:

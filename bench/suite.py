@@ -49,6 +49,8 @@ class Bench:
 BENCHES: list[Bench] = [
     Bench("bench.engine_throughput"),
     Bench("bench.weight_sync"),
+    # a sync's HTTP calls to 32-256 simulated engines: a thread per engine against EngineLanes
+    Bench("bench.weight_fanout"),
     Bench("bench.trainer_throughput"),
     Bench("bench.batch_staging"),
     Bench("bench.gc_freeze"),

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from infra.engines.client import EngineClient, EngineError
 from infra.engines.lanes import EngineLanes
+
+if TYPE_CHECKING:
+    import torch
 
 # SGLang's answer (400) to a begin while a session is open; the built-in server says the same
 STALE_SESSION = "already open"
@@ -40,6 +42,8 @@ def resolve_dtype(server_dtype: str | None, model_config: dict) -> torch.dtype:
     `auto` follows SGLang's own rule: the checkpoint's dtype, except that a float32
     checkpoint is served in float16 (bfloat16 for Gemma models).
     """
+    import torch  # here: the links themselves import no torch (bench/sim_trainer.py uses them)
+
     name = (server_dtype or "auto").lower()
     if name != "auto":
         dtype = getattr(torch, name.removeprefix("torch."), None)
