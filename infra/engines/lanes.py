@@ -2,8 +2,8 @@
 
 A weight sync makes five calls to every engine (pause, session begin, the bucket's request,
 session end, resume). Made from a thread per engine through httpx, 32 engines cost the
-calling process 113 ms of CPU a sync, the threads taking turns on the GIL; from one asyncio
-loop through aiohttp, 27 ms (`python -m bench.weight_fanout`, 2 cores). The sync runs on
+calling process 126 ms of CPU a sync, the threads taking turns on the GIL; from one asyncio
+loop through aiohttp, 26 ms (`python -m bench.weight_fanout`, 2 cores). The sync runs on
 trainer rank 0 between the end of one generation and the start of the next, so that cost is
 on every iteration's critical path, and it grows with the number of engines.
 
