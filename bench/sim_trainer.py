@@ -18,6 +18,7 @@ Checkpoints are a small JSON file per rank, so saves and their commit run as in 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -28,7 +29,7 @@ from typing import ClassVar
 import ray
 
 from infra.config import RunConfig
-from infra.engines.client import PAUSE_MODE, EngineClient, weights_update_body
+from infra.engines.client import EngineClient, weights_update_body
 from infra.engines.lanes import EngineLanes
 from infra.rollout.batch import RolloutBatch
 from infra.storage.fs import filesystem
@@ -117,41 +118,28 @@ class SimTrainerRank:
         for request in self._submit(fn):
             request.result()  # an engine's failure names its URL (EngineError)
 
-    def _call(self, link: EngineLink, path: str, body: dict) -> Awaitable:
-        return self.fanout[1].call(link.client, "POST", path, body)
-
     def open_weight_group(self, group_name: str) -> None:
         self.group = group_name
-        body = {"master_address": "127.0.0.1", "master_port": 0, "rank_offset": 1, "backend": "gloo"}
-        body |= {"world_size": len(self.fanout[0]) + 1, "group_name": group_name}
-        self._each(lambda link: self._call(link, "/init_weights_update_group", body))
+        world = len(self.fanout[0]) + 1
+        join = EngineClient.init_weights_update_group  # once a run: the client's own call will do
+        self._each(lambda link: asyncio.to_thread(join, link.client, "127.0.0.1", 0, 1, world, group_name))
 
     def update_weights(self, weight_version: int) -> dict:
         start = time.perf_counter()
         version = str(weight_version)
         lanes = self.fanout[1]
 
-        async def pause(link: EngineLink) -> None:
-            await self._call(link, "/pause_generation", {"mode": PAUSE_MODE})
-            await link.begin_session(lanes)
-
         def announce(link: EngineLink) -> Awaitable:
             body = weights_update_body(["sim"], ["float32"], [[1]], self.group, weight_version=version)
-            return self._call(link, "/update_weights_from_distributed", body)
+            return lanes.call(link.client, "POST", "/update_weights_from_distributed", body)
 
-        async def resume(link: EngineLink) -> None:
-            try:
-                await link.end_session(lanes)
-            finally:
-                await self._call(link, "/continue_generation", {})
-
-        self._each(pause)
+        self._each(lambda link: link.pause_and_begin(lanes))
         posts = self._submit(announce)
         if self.rank == 0:
             time.sleep(self.settings["sync_s"])  # the broadcast this stand-in does not make
         for post in posts:
             post.result()
-        self._each(resume)
+        self._each(lambda link: link.end_and_resume(lanes))
         self.version = version
         return {"time_sync_s": time.perf_counter() - start, "num_buckets": 1, "bytes": 0}
 
@@ -164,7 +152,8 @@ class SimTrainerRank:
 
     @ray.method(concurrency_group="restore")
     def close_weight_group(self) -> None:
-        self._each(lambda link: self._call(link, "/destroy_weights_update_group", {"group_name": self.group}))
+        leave = EngineClient.destroy_weights_update_group
+        self._each(lambda link: asyncio.to_thread(leave, link.client, self.group))
 
     def check_weights_equal(self) -> dict:
         return {"weight_check": "simulated: not compared"}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from infra.engines.client import PAUSE_MODE, TIMINGS_HEADER, timings_of, weights_update_body
+from infra.engines.client import TIMINGS_HEADER, timings_of, weights_update_body
 from infra.engines.lanes import EngineLanes
 from infra.weights.buckets import FLATTENED_BUCKET, dtype_name
 from infra.weights.engines import EngineLink, common_dtype, group_layout
@@ -159,8 +159,7 @@ class BroadcastSender:
 
     async def _begin(self, link: EngineLink) -> None:
         t0 = time.perf_counter()
-        await self._lanes.call(link.client, "POST", "/pause_generation", {"mode": PAUSE_MODE})
-        await link.begin_session(self._lanes)
+        await link.pause_and_begin(self._lanes)
         self.timings["session_begin_s"] += time.perf_counter() - t0  # overlapped, not waited
 
     async def _abandon(self, link: EngineLink, begin: Future) -> None:
@@ -169,13 +168,10 @@ class BroadcastSender:
             if begin.exception(timeout=0) is None:  # done: it ran before, on this lane
                 await link.end_session(self._lanes)
         finally:
-            await self._lanes.call(link.client, "POST", "/continue_generation", {})
+            await link.resume(self._lanes)
 
     async def _end(self, link: EngineLink) -> None:
-        try:
-            await link.end_session(self._lanes)
-        finally:
-            await self._lanes.call(link.client, "POST", "/continue_generation", {})
+        await link.end_and_resume(self._lanes)
 
     async def _post(self, index: int, abandoned: threading.Event, after: PendingBucket | None, *args) -> dict:
         # an engine that gets this request waits in its receive for a broadcast: never send

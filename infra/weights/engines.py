@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.engines.client import EngineClient, EngineError
+from infra.engines.client import PAUSE_MODE, EngineClient, EngineError
 from infra.engines.lanes import EngineLanes
 
 if TYPE_CHECKING:
@@ -94,6 +94,22 @@ class EngineLink:
     async def end_session(self, lanes: EngineLanes) -> None:
         if self._has_session:
             await lanes.call(self.client, "POST", "/end_weight_update", {})
+
+    async def pause_and_begin(self, lanes: EngineLanes) -> None:
+        """Pause generation (PAUSE_MODE: running requests are retracted, not lost), then
+        open the update session."""
+        await lanes.call(self.client, "POST", "/pause_generation", {"mode": PAUSE_MODE})
+        await self.begin_session(lanes)
+
+    async def resume(self, lanes: EngineLanes) -> None:
+        await lanes.call(self.client, "POST", "/continue_generation", {})
+
+    async def end_and_resume(self, lanes: EngineLanes) -> None:
+        """Close the update session and resume generation (resumed even if the close fails)."""
+        try:
+            await self.end_session(lanes)
+        finally:
+            await self.resume(lanes)
 
     @property
     def has_session(self) -> bool | None:
