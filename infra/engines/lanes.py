@@ -64,8 +64,13 @@ class EngineLanes:
     @staticmethod
     async def _after(previous: Future | None, fn: Callable[..., Awaitable[T]], args: tuple) -> T:
         if previous is not None:
-            # only its end matters here: its outcome is for whoever submitted it
-            await asyncio.wait([asyncio.wrap_future(previous)])
+            # only its end matters here: its outcome is for whoever submitted it. The loop's
+            # copy of that outcome is read all the same, or a failure would be logged again
+            # when the copy is collected (from inside whatever the collection interrupted)
+            ended = asyncio.wrap_future(previous)
+            await asyncio.wait([ended])
+            if not ended.cancelled():
+                ended.exception()
         return await fn(*args)
 
     async def call(

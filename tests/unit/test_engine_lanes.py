@@ -5,6 +5,7 @@ that names it, as EngineClient's are; close ends what is still queued."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
@@ -72,6 +73,24 @@ def test_a_failed_call_does_not_stop_its_lane_and_names_the_engine(urls, lanes):
     assert refused_error.value.status == 404  # the engine's own answer
     data, _ = after.result(timeout=30)
     assert data["model_path"] == "simulated"
+
+
+def test_a_failure_its_lane_waited_past_is_not_reported_again(urls, lanes):
+    # the submitter holds the failure; a copy left unread on the loop would be logged when
+    # collected, and logging from inside a collection can break whatever the collection
+    # interrupted (a compile() then fails with "AST constructor recursion depth mismatch")
+    reported: list[dict] = []
+    lanes._loop.set_exception_handler(lambda loop, context: reported.append(context))
+    dead = EngineClient(f"http://127.0.0.1:{free_port()}", 5)
+    failed = lanes.submit(0, lanes.call, dead, "POST", "/pause_generation", {})
+    after = lanes.submit(0, lanes.call, EngineClient(urls[0], 30), "GET", "/model_info")
+    with pytest.raises(EngineError):
+        failed.result(timeout=30)
+    after.result(timeout=30)
+    del failed  # what the lane made while waiting on it lives as long as it does
+    gc.collect()
+    time.sleep(0.1)  # the loop thread runs the handler it was handed
+    assert reported == []
 
 
 def test_close_ends_what_is_still_queued(urls):
