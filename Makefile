@@ -76,10 +76,14 @@ $(CHROMIUM):
 	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null
 
+# Two pytest-xdist workers: the flow tests one after another on one, the rest beside them on
+# the other (tests/worker_groups.py). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_HOOKS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

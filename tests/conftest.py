@@ -12,7 +12,7 @@ import pytest
 
 from infra.storage.local_s3 import AWS_SETTINGS_TO_CLEAR, aws_env, moto_server
 
-pytest_plugins = ["tests.run_guard"]
+pytest_plugins = ["tests.run_guard", "tests.worker_groups"]
 
 
 @pytest.fixture(scope="session")

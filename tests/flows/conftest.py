@@ -10,6 +10,8 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.prefect_on_ray import worker_env
 from infra.cluster.ray_cluster import runtime_env
 
+XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
+
 
 @pytest.fixture(scope="session")
 def prefect_api():
@@ -51,6 +53,15 @@ def engine_server_pids() -> list[int]:
     pids = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "infra.engine_server.server" in cmd:
+        if "infra.engine_server.server" in cmd and _same_worker(p):
             pids.append(p.info["pid"])
     return pids
+
+
+def _same_worker(p: psutil.Process) -> bool:
+    """Whether `p` descends from this pytest worker: tests run in parallel (`pytest -n`)
+    start engine servers of their own, and the environment survives re-parenting."""
+    try:
+        return p.environ().get(XDIST_WORKER_ENV) == os.environ.get(XDIST_WORKER_ENV)
+    except psutil.Error:
+        return False  # gone, or another user's
