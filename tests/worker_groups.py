@@ -1,5 +1,6 @@
 """Which tests share a pytest-xdist worker: `make test` runs two workers, the flow tests one
-after another on one of them and every other test beside them on the other.
+after another on one of them and every other test beside them on the other (with a few
+long flow tests that check no timing).
 
 A flow test runs a Ray cluster, a Prefect flow, trainer ranks and engines on the 2 cores;
 two of them at once slow each other and the timing they check. xdist's `--dist loadgroup`
@@ -17,12 +18,19 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 SERIAL_PREFIXES = ("tests/flows/",)
+# Long flow tests that check what a run learns, not how fast: they run beside the serial ones,
+# so that both workers end near the same time (the serial flow tests alone took 40 of a
+# 40-minute run, everything else 27)
+BESIDE = ("tests/flows/test_pipeline.py", "tests/flows/test_algorithms_learn.py")
 
 
 class FlowsOnOneWorker(LoadScopeScheduling):
-    """Every test under SERIAL_PREFIXES is one unit of work; every other test is its own."""
+    """Every test under SERIAL_PREFIXES (but those in BESIDE) is one unit of work; every
+    other test is its own."""
 
     def _split_scope(self, nodeid: str) -> str:
+        if nodeid.startswith(BESIDE):
+            return nodeid
         for prefix in SERIAL_PREFIXES:
             if nodeid.startswith(prefix):
                 return prefix
