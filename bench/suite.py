@@ -53,6 +53,7 @@ BENCHES: list[Bench] = [
     Bench("bench.weight_fanout"),
     Bench("bench.trainer_throughput"),
     Bench("bench.batch_staging"),
+    Bench("bench.reply_decoding"),
     Bench("bench.gc_freeze"),
     Bench("bench.trl_compare", needs="trl"),
     # SGLang's real server on CPU as the engine (needs `make sglang-venv`)

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 
+from infra.engines.completions import Completion, decode_completions
 from infra.retry import poll
 from infra.secrets import API_KEY_ENV
 
@@ -85,8 +87,14 @@ class EngineClient:
         self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None
     ) -> tuple[Any, httpx.Headers]:
         """The reply's decoded body and its headers; an EngineError for any failure."""
+        resp = self._send(method, path, body, timeout_s)
+        return reply_data(f"{self.url}{path}", resp.status_code, resp.content), resp.headers
+
+    def _send(
+        self, method: str, path: str, body: dict | None, timeout_s: float | None = None
+    ) -> httpx.Response:
         try:
-            resp = self._http.request(
+            return self._http.request(
                 method,
                 f"{self.url}{path}",
                 content=request_content(body),
@@ -95,7 +103,6 @@ class EngineClient:
             )
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
-        return reply_data(f"{self.url}{path}", resp.status_code, resp.content), resp.headers
 
     def health(self) -> bool:
         try:
@@ -125,17 +132,27 @@ class EngineClient:
         LoRA adapter (`load_lora_adapter`) for every input, or one name (None: the base
         weights) per input; absent from the body unless given.
         """
-        body: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "return_logprob": True,
-        }
-        if rid is not None:
-            body["rid"] = rid
-        if lora_path is not None:
-            body["lora_path"] = lora_path
-        out = self._call("POST", "/generate", body)
+        out = self._call("POST", "/generate", _generate_body(input_ids, sampling_params, rid, lora_path))
         return out if isinstance(out, list) else [out]
+
+    def sample(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict | list[dict],
+        rid: str | list[str] | None = None,
+        lora_path: str | list[str | None] | None = None,
+    ) -> list[Completion]:
+        """`generate` with the reply decoded into Completions (infra/engines/completions.py):
+        the rollout manager's request, at about a third of the decoding cost."""
+        where = f"{self.url}/generate"
+        resp = self._send("POST", "/generate", _generate_body(input_ids, sampling_params, rid, lora_path))
+        if resp.status_code >= 400:
+            reply_data(where, resp.status_code, resp.content)  # raises, with the engine's message
+        try:
+            return decode_completions(resp.content)
+        except msgspec.DecodeError as exc:
+            reply_data(where, resp.status_code, resp.content)  # `success: false` raises here
+            raise EngineError(f"{where}: not a /generate answer: {exc}", resp.status_code) from None
 
     def init_weights_update_group(
         self,
@@ -277,6 +294,24 @@ def weights_update_body(
     }
     if load_format is not None:  # absent unless asked: older servers may not know the field
         body["load_format"] = load_format
+    return body
+
+
+def _generate_body(
+    input_ids: list[list[int]],
+    sampling_params: dict | list[dict],
+    rid: str | list[str] | None,
+    lora_path: str | list[str | None] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "input_ids": input_ids,
+        "sampling_params": sampling_params,
+        "return_logprob": True,
+    }
+    if rid is not None:
+        body["rid"] = rid
+    if lora_path is not None:
+        body["lora_path"] = lora_path
     return body
 
 

@@ -27,6 +27,7 @@ from infra.data.rewards import resolve_reward
 from infra.data.splits import train_and_eval_rows
 from infra.data.templating import PromptFormatter
 from infra.engines.client import EngineClient
+from infra.engines.completions import Completion
 from infra.engines.fleet import EngineFleet
 from infra.heap import freeze_startup_heap
 from infra.model.loading import localize
@@ -69,9 +70,9 @@ def _request(
     seed: int,
     rid: str,
     adapter: tuple[str, int] | None,
-) -> list[dict]:
+) -> list[Completion]:
     """One /generate of samples `idx` (sample j: copy j % n of prompt j // n)."""
-    outs = client.generate(
+    outs = client.sample(
         [prompt_ids[j // n] for j in idx],
         [{**params, "sampling_seed": seed + j} for j in idx],
         rid=_rids(rid, idx),
@@ -79,7 +80,7 @@ def _request(
     )
     if adapter is not None:  # loading an adapter leaves the engine's own version as it was
         for out in outs:
-            out["meta_info"]["weight_version"] = str(adapter[1])
+            out.meta_info.weight_version = str(adapter[1])
     return outs
 
 
@@ -205,7 +206,7 @@ class RolloutManager:
         # a batch reward is one call over the whole rollout: it waits for the last reply
         per_reply = scope_of(reward_fn) != "batch"
 
-        def finish(idx: range, outs: list[dict]) -> list[Sample]:
+        def finish(idx: range, outs: list[Completion]) -> list[Sample]:
             return self._scored(idx, outs, rows, n, reward_fn if per_reply else None)
 
         samples = self._generate_on_engines([r["prompt_ids"] for r in rows], n, params, seed, rid, finish)
@@ -214,11 +215,11 @@ class RolloutManager:
         return samples
 
     def _scored(
-        self, idx: range, outs: list[dict], rows: list[dict], n: int, reward_fn: Callable | None
+        self, idx: range, outs: list[Completion], rows: list[dict], n: int, reward_fn: Callable | None
     ) -> list[Sample]:
         """Replies for samples `idx` (sample j: copy j % n of prompt j // n, whole groups) as
         Samples, scored by `reward_fn` unless it is None."""
-        texts = decode_many(self.tokenizer, [out["output_ids"] for out in outs])
+        texts = decode_many(self.tokenizer, [out.output_ids for out in outs])
         samples = [
             self._sample_of(out, text, rows[j // n], j // n)
             for j, out, text in zip(idx, outs, texts, strict=True)
@@ -243,10 +244,10 @@ class RolloutManager:
         def of(g: int) -> range:  # group g's samples
             return range(g * n, (g + 1) * n)
 
-        def request(client: EngineClient, g: int) -> list[dict]:
+        def request(client: EngineClient, g: int) -> list[Completion]:
             return _request(client, prompt_ids, of(g), n, params, seed, rid, adapter)
 
-        def finish(g: int, outs: list[dict]) -> list[Sample]:
+        def finish(g: int, outs: list[Completion]) -> list[Sample]:
             return self._scored(of(g), outs, rows, n, self.reward_fn if per_reply else None)
 
         kept, stats = first_groups(
@@ -275,7 +276,7 @@ class RolloutManager:
         params: dict,
         seed: int,
         rid: str,
-        finish: Callable[[range, list[dict]], list[T]],
+        finish: Callable[[range, list[Completion]], list[T]],
     ) -> list[T]:
         """n samples of every prompt; each engine gets one request of whole groups, all at once.
         `finish(sample indices, replies)` runs on each engine's replies in this thread as they
@@ -287,7 +288,7 @@ class RolloutManager:
 
         adapter = self._adapter  # one adapter for the whole call, though a sync may follow it
 
-        def run(e: int) -> list[dict]:
+        def run(e: int) -> list[Completion]:
             # a chunk whose engine fails is sent again whole, once the engine is recovered
             return self.engines.call(
                 e, lambda client: _request(client, prompt_ids, chunks[e], n, params, seed, rid, adapter)
@@ -301,22 +302,20 @@ class RolloutManager:
                 done[e] = finish(chunks[e], future.result())
         return [x for chunk in done for x in chunk]
 
-    def _sample_of(self, out: dict, response: str, row: dict, group: int) -> Sample:
+    def _sample_of(self, out: Completion, response: str, row: dict, group: int) -> Sample:
         """An engine's /generate reply for one sample of `row` as a Sample (`response`: its
         output_ids decoded)."""
-        meta = out["meta_info"]
-        finish = (meta.get("finish_reason") or {}).get("type", "")
         return Sample(
             prompt=row["prompt_text"],
             label=row["label"],
             response=response,
             prompt_ids=row["prompt_ids"],
-            response_ids=list(out["output_ids"]),
-            engine_logprobs=[float(t[0]) for t in meta["output_token_logprobs"]],
-            weight_version=weight_version_of(meta["weight_version"]),
+            response_ids=out.output_ids,  # decoded for this sample alone: no copy to make
+            engine_logprobs=out.logprobs,
+            weight_version=weight_version_of(out.meta_info.weight_version),
             group=group,
-            status=_status(finish),
-            finish_reason=finish,
+            status=_status(out.finish),
+            finish_reason=out.finish,
         )
 
     def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:

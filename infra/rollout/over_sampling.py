@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from infra.engines.client import EngineClient, EngineError
+from infra.engines.completions import Completion
 from infra.engines.fleet import EngineFleet
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,9 @@ def first_groups(
     engines: EngineFleet,
     groups: int,
     keep: int,
-    request: Callable[[EngineClient, int], list[dict]],
+    request: Callable[[EngineClient, int], list[Completion]],
     rids: Callable[[int], list[str]],
-    finish: Callable[[int, list[dict]], T],
+    finish: Callable[[int, list[Completion]], T],
 ) -> tuple[dict[int, T], dict]:
     """Run `request(client, g)` for groups 0..groups-1 (group g on engine g % engines) until
     `keep` of them have answered; abort the rest. `finish(g, replies)` runs in this thread
@@ -68,7 +69,7 @@ def first_groups(
                     t_stop, aborted = time.monotonic(), run.stop(rids)
             else:
                 wasted_samples += len(outs)
-                wasted_tokens += sum(len(out["output_ids"]) for out in outs)
+                wasted_tokens += sum(len(out.output_ids) for out in outs)
     _raise_first(futures)
     stats = {
         "over_sample_aborted_groups": len(aborted),
@@ -82,8 +83,8 @@ def first_groups(
     return kept, stats
 
 
-def _aborted(outs: list[dict]) -> bool:
-    return any((out["meta_info"].get("finish_reason") or {}).get("type") == "abort" for out in outs)
+def _aborted(outs: list[Completion]) -> bool:
+    return any(out.finish == "abort" for out in outs)
 
 
 def _raise_first(futures: list[Future]) -> None:
@@ -94,7 +95,9 @@ def _raise_first(futures: list[Future]) -> None:
 class _Run:
     """The groups' requests, what has been sent and what has answered."""
 
-    def __init__(self, engines: EngineFleet, groups: int, request: Callable[[EngineClient, int], list[dict]]):
+    def __init__(
+        self, engines: EngineFleet, groups: int, request: Callable[[EngineClient, int], list[Completion]]
+    ):
         self.engines = engines
         self.groups = groups
         self.request = request

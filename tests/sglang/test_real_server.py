@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from infra.engines.client import EngineClient
+from infra.engines.completions import Completion
 from infra.engines.fleet import EngineFleet
 from infra.weights.broadcast import BroadcastSender
 from tests.sglang.servers import (
@@ -81,6 +82,31 @@ def test_requests_without_the_key_get_401_and_with_it_200(server: RealServer):
         wrong = {"Authorization": "Bearer not-the-key"}
         assert http.get(f"{server.url}/model_info", headers=wrong).status_code == 401
     assert server.client().model_info()["weight_version"] == "0"  # the run's first version
+
+
+def test_sample_reads_sglangs_generate_answer_as_its_generic_json_does(server: RealServer):
+    """EngineClient.sample (the rollout manager's request) decodes SGLang's own /generate
+    answer into the ids, logprobs, finish reasons, rids and weight version its JSON holds."""
+    body = {
+        "input_ids": [[1, 20, 21], [1, 22, 23]],
+        # greedy, so both requests answer the same tokens
+        "sampling_params": [
+            {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            {"max_new_tokens": 3, "temperature": 0},
+        ],
+        "rid": ["dec-0", "dec-1"],
+        "return_logprob": True,
+    }
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    raw = httpx.post(f"{server.url}/generate", json=body, headers=auth, timeout=120).json()
+    assert len(raw) == 2 and all(out["meta_info"]["output_token_logprobs"] for out in raw)
+    outs = server.client().sample(body["input_ids"], body["sampling_params"], rid=body["rid"])
+    for out, want in zip(outs, raw, strict=True):
+        meta = want["meta_info"]
+        assert out.output_ids == want["output_ids"] and len(out.logprobs) == len(out.output_ids)
+        assert out.logprobs == pytest.approx([t[0] for t in meta["output_token_logprobs"]], abs=1e-4)
+        assert out.finish == meta["finish_reason"]["type"] and out.meta_info.id == meta["id"]
+        assert out.meta_info.weight_version == meta["weight_version"] == "0"
 
 
 def test_the_key_is_in_no_command_line_log_or_file(server: RealServer):
@@ -223,14 +249,14 @@ def test_over_sampling_aborts_the_straggling_group_by_its_rids(server: RealServe
 
     fleet = EngineFleet([server.url], request_timeout_s=300, health_timeout_s=60, max_restarts=0)
     tokens = {0: 4, 1: 1000, 2: 4, 3: 4}  # group 1 fills the model's 1024-token context
-    arrived: list[list[dict]] = []
+    arrived: list[list[Completion]] = []
 
     def rids(g: int) -> list[str]:
         return [f"os-{g}-{c}" for c in range(2)]
 
-    def request(client: EngineClient, g: int) -> list[dict]:
+    def request(client: EngineClient, g: int) -> list[Completion]:
         params = {"max_new_tokens": tokens[g], "temperature": 1.0, "ignore_eos": True}
-        outs = client.generate([[1, 20 + g, 21], [1, 20 + g, 22]], params, rid=rids(g))
+        outs = client.sample([[1, 20 + g, 21], [1, 20 + g, 22]], params, rid=rids(g))
         arrived.append(outs)
         return outs
 
@@ -239,9 +265,9 @@ def test_over_sampling_aborts_the_straggling_group_by_its_rids(server: RealServe
     kept, stats = first_groups(fleet, 4, 3, request, rids, lambda g, outs: outs)
     took = time.monotonic() - t0
     assert sorted(kept) == [0, 2, 3] and stats["over_sample_aborted_groups"] == 1
-    assert all(len(out["output_ids"]) == 4 for g in kept for out in kept[g])
-    [straggler] = [outs for outs in arrived if outs[0]["meta_info"]["id"].startswith("os-1-")]
-    assert {out["meta_info"]["finish_reason"]["type"] for out in straggler} == {"abort"}
-    assert all(len(out["output_ids"]) < 1000 for out in straggler)  # cut short
-    print(f"over-sampled rollout: {took:.2f} s; the straggler made {len(straggler[0]['output_ids'])} tokens")
+    assert all(len(out.output_ids) == 4 for g in kept for out in kept[g])
+    [straggler] = [outs for outs in arrived if outs[0].meta_info.id.startswith("os-1-")]
+    assert {out.finish for out in straggler} == {"abort"}
+    assert all(len(out.output_ids) < 1000 for out in straggler)  # cut short
+    print(f"over-sampled rollout: {took:.2f} s; the straggler made {len(straggler[0].output_ids)} tokens")
     assert all(out["meta_info"]["finish_reason"]["type"] == "length" for out in other.result(timeout=300))

@@ -15,6 +15,7 @@ from bench.sim_engine import SimSpec, serve
 from infra.config import RunConfig, TinyModelConfig
 from infra.data.prompts import PromptSource
 from infra.engines.client import EngineClient, EngineError
+from infra.engines.completions import Completion
 from infra.engines.fleet import EngineFleet
 from infra.model.tiny import build_tiny_model
 from infra.rollout.manager import RolloutManager
@@ -100,10 +101,10 @@ def test_the_abort_reaches_only_the_rollouts_requests(urls):
     fleet = EngineFleet(urls, 30, 30, 0)
     other = EngineClient(urls[0])
 
-    def request(client: EngineClient, g: int) -> list[dict]:
+    def request(client: EngineClient, g: int) -> list[Completion]:
         seeds = long_seeds[:2] if g == 1 else short_seeds[2 * g : 2 * g + 2]  # group 1 straggles
         params = [{"max_new_tokens": 2048, "sampling_seed": seed} for seed in seeds]
-        return client.generate([[5]] * 2, params, rid=[f"t-{g}-{c}" for c in range(2)])
+        return client.sample([[5]] * 2, params, rid=[f"t-{g}-{c}" for c in range(2)])
 
     with ThreadPoolExecutor(1) as pool:
         params = [{"max_new_tokens": 2048, "sampling_seed": long_seeds[2]}]
@@ -125,12 +126,12 @@ def test_an_engine_error_ends_the_rollout_with_it(urls):
     fleet = EngineFleet(urls, 30, 30, 0)
     long_seeds = [s for s in range(1000) if SPEC.length(s) > 500][:3]
 
-    def request(client: EngineClient, g: int) -> list[dict]:
+    def request(client: EngineClient, g: int) -> list[Completion]:
         if g == 3:
             time.sleep(0.3)  # the others are running when it fails
-            return client.generate([[5]], [{"n": 2}], rid=[f"bad-{g}"])
+            return client.sample([[5]], [{"n": 2}], rid=[f"bad-{g}"])
         params = [{"max_new_tokens": 2048, "sampling_seed": long_seeds[g]}]
-        return client.generate([[5]], params, rid=[f"e-{g}"])
+        return client.sample([[5]], params, rid=[f"e-{g}"])
 
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="HTTP 400"):
