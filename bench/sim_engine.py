@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -77,6 +78,17 @@ class Stats:
     routes: dict[str, int] = field(default_factory=dict)
 
 
+@functools.cache
+def _table(vocab: int) -> tuple[list[int], list[list]]:
+    """Token ids and their `[logprob, id, null]` reply entries, drawn once per process and
+    shared by its engines: a reply is a slice of them (building the entries per token took
+    half of the engines' CPU, and a busy event loop answers every engine late)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, vocab, TABLE).tolist()
+    logprobs = (-rng.exponential(1.0, TABLE)).round(4).tolist()
+    return ids, [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]
+
+
 class SimEngine:
     def __init__(self, spec: SimSpec, index: int) -> None:
         self.spec = spec
@@ -86,9 +98,7 @@ class SimEngine:
         self.running = asyncio.Event()
         self.running.set()
         self.inflight: dict[str, asyncio.Future] = {}  # rid -> settles True when aborted
-        rng = np.random.default_rng(index)
-        self.ids = rng.integers(4, spec.vocab, TABLE).tolist()
-        self.logprobs = (-rng.exponential(1.0, TABLE)).round(4).tolist()
+        self.ids, self.entries = _table(spec.vocab)
 
     async def _decode(self, rid: str, n: int) -> tuple[int, bool]:
         """Hold a slot for n tokens' time; (tokens made, aborted). Abortable from its arrival:
@@ -121,12 +131,13 @@ class SimEngine:
         self, rid: str, prompt_len: int, seed: int, n: int, made: int, aborted: bool, sp: dict
     ) -> dict:
         at = seed % (TABLE - n)
-        ids, lps = self.ids[at : at + made], self.logprobs[at : at + made]
+        ids, entries = self.ids[at : at + made], self.entries[at : at + made]
         stops = sp.get("stop_token_ids") or []
         if aborted:
             finish = {"type": "abort", "message": "aborted"}
         elif made < sp.get("max_new_tokens", 128) and stops:
             ids[-1] = stops[0]
+            entries[-1] = [entries[-1][0], stops[0], None]
             finish = {"type": "stop", "matched": stops[0]}
         else:
             finish = {"type": "length", "length": made}
@@ -137,7 +148,7 @@ class SimEngine:
             "completion_tokens": made,
             "cached_tokens": 0,
             "weight_version": self.stats.weight_version,
-            "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)],
+            "output_token_logprobs": entries,
         }
         return {"text": "", "output_ids": ids, "meta_info": meta}
 

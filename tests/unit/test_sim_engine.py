@@ -81,6 +81,8 @@ def test_weight_update_and_abort(loop):
 def test_the_rollout_manager_generates_on_them(urls, tmp_path):
     model = build_tiny_model(tmp_path / "model", TinyModelConfig())
     rollout = {"prompts_per_rollout": 6, "n_samples_per_prompt": 4, "sampling": {"max_new_tokens": 64}}
+    # one round: what dynamic sampling draws again depends on the rewards of the engines' tokens
+    rollout["dynamic_sampling"] = False
     cfg = RunConfig.model_validate({"rollout": rollout, "storage": {"uri": str(tmp_path)}})
     manager = RolloutManager(cfg, urls, str(model))
     summary = manager.generate(0)
