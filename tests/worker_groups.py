@@ -19,8 +19,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 SERIAL_PREFIXES = ("tests/flows/",)
 # Long flow tests that check what a run learns, not how fast: they run beside the serial ones,
-# so that both workers end near the same time (the serial flow tests alone took 40 of a
-# 40-minute run, everything else 27)
+# so that both workers end nearer the same time (the flow tests hold most of the suite's time)
 BESIDE = ("tests/flows/test_pipeline.py", "tests/flows/test_algorithms_learn.py")
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.worker_groups import BESIDE, FlowsOnOneWorker
+
 REPO = Path(__file__).resolve().parents[2]
 TEST = """
 import os, time
@@ -44,3 +46,11 @@ def test_flow_tests_share_one_worker_and_the_rest_spread(tmp_path):
     others = {worker for name, worker in ran.items() if name.startswith("unit-")}
     assert len(flows) == 1, ran
     assert others - flows, ran  # the other worker ran the rest meanwhile
+
+
+def test_the_flow_tests_named_beside_are_units_of_their_own():
+    split = FlowsOnOneWorker._split_scope  # reads no state of the scheduler
+    beside = f"{BESIDE[0]}::test_a[grpo]"
+    assert split(None, beside) == beside
+    assert split(None, "tests/flows/test_resume.py::test_b") == "tests/flows/"
+    assert split(None, "tests/unit/test_x.py::test_c") == "tests/unit/test_x.py::test_c"
