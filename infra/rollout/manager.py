@@ -305,6 +305,7 @@ class RolloutManager:
     def _sample_of(self, out: Completion, response: str, row: dict, group: int) -> Sample:
         """An engine's /generate reply for one sample of `row` as a Sample (`response`: its
         output_ids decoded)."""
+        finish = out.finish
         return Sample(
             prompt=row["prompt_text"],
             label=row["label"],
@@ -314,8 +315,8 @@ class RolloutManager:
             engine_logprobs=out.logprobs,
             weight_version=weight_version_of(out.meta_info.weight_version),
             group=group,
-            status=_status(out.finish),
-            finish_reason=out.finish,
+            status=_status(finish),
+            finish_reason=finish,
         )
 
     def _sample_custom(self, rows: list[dict], n: int, params: dict, seed: int, rid: str) -> list[Sample]:
