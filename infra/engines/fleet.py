@@ -29,12 +29,12 @@ from typing import TypeVar
 
 import ray
 
-from infra.engines.client import EngineClient, EngineError
+from infra.engines.client import HEALTH_TIMEOUT_S, EngineClient, EngineError
+from infra.engines.lanes import EngineLanes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PROBE_INTERVAL_S = 1.0
-HEALTH_PROBES_AT_ONCE = 64  # before a sync, engines probed in parallel
 
 
 class EngineDown(EngineError):
@@ -65,6 +65,16 @@ class EngineFleet:
         # (they close with the manager's process, or once a replaced engine's client is dropped)
         self._clients = [EngineClient(url, request_timeout_s) for url in self.urls]
         self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
+        self._lanes: EngineLanes | None = None
+        self._lanes_made = threading.Lock()
+
+    def lanes(self) -> EngineLanes:
+        """One event loop for calls to every engine at once (the probes before a sync,
+        over-sampling's aborts), made on first use and kept with the fleet."""
+        with self._lanes_made:
+            if self._lanes is None:
+                self._lanes = EngineLanes(len(self.urls))
+            return self._lanes
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -153,12 +163,22 @@ class EngineFleet:
     def ensure_healthy(self) -> int:
         """Recover every engine that does not answer /health now (before a weight sync); returns how many.
 
-        The probes go out at once: one after another they put a round trip per engine on
-        every sync's path (0.1 s at 32 engines, about 1 s at 256, bench.scale_sweep)."""
+        The probes go out at once, from one event loop: one after another they put a round
+        trip per engine on every sync's path (0.1 s at 32 engines, about 1 s at 256,
+        bench.scale_sweep), and from a thread per engine they queued for the manager's GIL
+        behind whatever else it was doing."""
         generations = list(self.restarts)
-        with ThreadPoolExecutor(min(len(self.urls), HEALTH_PROBES_AT_ONCE)) as pool:
-            healthy = list(pool.map(lambda e: self.client(e).health(), range(len(self.urls))))
-        down = [e for e, ok in enumerate(healthy) if not ok]
+        lanes = self.lanes()
+
+        async def probe(client: EngineClient) -> bool:
+            try:
+                await lanes.call(client, "GET", "/health", timeout_s=HEALTH_TIMEOUT_S)
+            except EngineError:
+                return False
+            return True
+
+        probes = [lanes.submit(e, probe, self.client(e)) for e in range(len(self.urls))]
+        down = [e for e, p in enumerate(probes) if not p.result()]
         for e in down:
             url = self.client(e).url
             self.recover(e, generations[e], EngineDown(f"engine {url}: no /health answer"))

@@ -74,10 +74,16 @@ class EngineLanes:
         return await fn(*args)
 
     async def call(
-        self, client: EngineClient, method: str, path: str, body: dict | None = None
+        self,
+        client: EngineClient,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        timeout_s: float | None = None,
     ) -> tuple[Any, Mapping[str, str]]:
         """One request to `client`'s engine, on the loop: the decoded reply and its headers;
-        an EngineError as `EngineClient` raises it (the same timeout, headers and checks)."""
+        an EngineError as `EngineClient` raises it (the same timeout unless `timeout_s`, the
+        same headers and checks)."""
         where = f"{client.url}{path}"
         try:
             async with self._http.request(
@@ -85,7 +91,7 @@ class EngineLanes:
                 where,
                 data=request_content(body),
                 headers=request_headers(body),
-                timeout=aiohttp.ClientTimeout(total=client.timeout_s),
+                timeout=aiohttp.ClientTimeout(total=timeout_s or client.timeout_s),
             ) as resp:
                 content = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -14,10 +14,12 @@ rollout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
@@ -29,7 +31,6 @@ from infra.engines.fleet import EngineFleet
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 GROUPS_AT_ONCE = 256  # requests in flight per engine; the rest wait in the manager, in order
-ABORTS_AT_ONCE = 32
 
 
 def first_groups(
@@ -140,17 +141,31 @@ class _Run:
         with self.lock:
             self.stopped = True
             running = sorted(self.started - self.answered)
-        n = len(self.engines)
-
-        def abort(g: int) -> None:
-            client = self.engines.client(g % n)
-            for rid in rids(g):
-                try:
-                    client.abort_request(rid)
-                except EngineError as exc:  # a dead engine's requests fail on their own
-                    log.warning("over-sampling: abort of %s failed: %s", rid, exc)
-
-        if running:
-            with ThreadPoolExecutor(min(len(running), ABORTS_AT_ONCE)) as pool:
-                list(pool.map(abort, running))
+        by_engine: dict[int, list[str]] = defaultdict(list)
+        for g in running:
+            by_engine[g % len(self.engines)].extend(rids(g))
+        if by_engine:
+            _abort(self.engines, by_engine)
         return running
+
+
+def _abort(engines: EngineFleet, by_engine: dict[int, list[str]]) -> None:
+    """One /abort_request per rid (SGLang aborts the request whose rid matches exactly), every
+    one in flight at once from one event loop (infra/engines/lanes.py). Sent from a thread pool
+    through httpx instead, they held 3092 of the 4822 samples of the rollout manager's worker
+    threads (py-spy, 32 engines x 8k samples, 12.5% of the prompts over-sampled)."""
+    lanes = engines.lanes()
+
+    async def abort_each(client: EngineClient, rids: list[str]) -> list:
+        calls = (
+            lanes.call(client, "POST", "/abort_request", {"rid": rid, "abort_all": False}) for rid in rids
+        )
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    sent = {e: lanes.submit(e, abort_each, engines.client(e), rids) for e, rids in by_engine.items()}
+    for e, future in sent.items():
+        for rid, outcome in zip(by_engine[e], future.result(), strict=True):
+            if isinstance(outcome, EngineError):  # a dead engine's requests fail on their own
+                log.warning("over-sampling: abort of %s failed: %s", rid, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
