@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import closing
 from typing import TypeVar
 
 import ray
@@ -65,16 +66,6 @@ class EngineFleet:
         # (they close with the manager's process, or once a replaced engine's client is dropped)
         self._clients = [EngineClient(url, request_timeout_s) for url in self.urls]
         self._lock = threading.Lock()  # one recovery at a time: each rebuilds the whole group
-        self._lanes: EngineLanes | None = None
-        self._lanes_made = threading.Lock()
-
-    def lanes(self) -> EngineLanes:
-        """One event loop for calls to every engine at once (the probes before a sync,
-        over-sampling's aborts), made on first use and kept with the fleet."""
-        with self._lanes_made:
-            if self._lanes is None:
-                self._lanes = EngineLanes(len(self.urls))
-            return self._lanes
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -168,17 +159,19 @@ class EngineFleet:
         bench.scale_sweep), and from a thread per engine they queued for the manager's GIL
         behind whatever else it was doing."""
         generations = list(self.restarts)
-        lanes = self.lanes()
+        # made for the probes and closed after them (about 2 ms): lanes kept with the fleet
+        # would leave their connections to close at the process's end
+        with closing(EngineLanes(len(self.urls))) as lanes:
 
-        async def probe(client: EngineClient) -> bool:
-            try:
-                await lanes.call(client, "GET", "/health", timeout_s=HEALTH_TIMEOUT_S)
-            except EngineError:
-                return False
-            return True
+            async def probe(client: EngineClient) -> bool:
+                try:
+                    await lanes.call(client, "GET", "/health", timeout_s=HEALTH_TIMEOUT_S)
+                except EngineError:
+                    return False
+                return True
 
-        probes = [lanes.submit(e, probe, self.client(e)) for e in range(len(self.urls))]
-        down = [e for e, p in enumerate(probes) if not p.result()]
+            probes = [lanes.submit(e, probe, self.client(e)) for e in range(len(self.urls))]
+            down = [e for e, p in enumerate(probes) if not p.result()]
         for e in down:
             url = self.client(e).url
             self.recover(e, generations[e], EngineDown(f"engine {url}: no /health answer"))
