@@ -69,11 +69,11 @@ BENCHES: list[Bench] = [
     # bench.task_run_chain keeps the comparison of the control workers with Ray tasks
     # (40 iterations x 4 pairs: with 20 x 3 the machine's drift hides changes of this size)
     Bench("bench.loop_overhead", ["--iterations", "40", "--repeats", "4", "--baseline", "13d1c0d"]),
-    # the same with the run's storage on S3, against the commit before the rollout's parquet
-    # file was written behind generate (its S3 put was on the loop's critical path)
+    # the same with the run's storage on S3, against the commit before task results were
+    # written without a lookup first (every task run's start paid an S3 round trip)
     Bench(
         "bench.loop_overhead",
-        ["--iterations", "20", "--repeats", "3", "--baseline", "466988c", "--s3"],
+        ["--iterations", "20", "--repeats", "3", "--baseline", "8c5ed87", "--s3"],
         variant="s3",
     ),
     Bench("bench.cpu_budget"),
