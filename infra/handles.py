@@ -168,7 +168,6 @@ class RunHandles:
         path = ckpts.begin(rollout_id)
         opts = storage_options(self.cfg.storage)
         nxt = rollout_id + 1
-        ray.get(self.manager.flush.remote())  # the rollout files, the one it names among them
         meta = {
             "rollout_id": rollout_id,
             "next_rollout_id": nxt,
@@ -244,7 +243,6 @@ class RunHandles:
             self.trackers.log(row)
 
     def outputs(self) -> dict:
-        ray.get(self.manager.flush.remote())  # every rollout file it links to is on storage
         ckpts = self._checkpoints()
         latest = ckpts.latest()
         return {

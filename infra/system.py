@@ -42,9 +42,6 @@ log = logging.getLogger(__name__)
 # train(k) -> sync -> train(k+1) on one, generate(k+1) on the other (save and eval take the one
 # that is free); one more with a critic (train-critic(k) beside train(k)).
 CONTROL_WORKERS = 2
-# How long a run's end waits for the rollout files still being written (a parquet file of
-# one iteration: well under a second locally, seconds on S3).
-FLUSH_TIMEOUT_S = 120
 
 
 def actor_class(cls: type) -> ray.actor.ActorClass:
@@ -70,7 +67,6 @@ class RLSystem:
         self.placement: dict[str, list[str]] = {}
         self.pids: dict[str, list] = {}  # process ids per role (trainer ranks, engine servers)
         self.actors: list = []
-        self.manager = None
         self.engines: list = []
         self.trainers = RankGroup([], "trainer")
         self.critics = RankGroup([], "critic")
@@ -170,7 +166,6 @@ class RLSystem:
             ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=8).remote(self.cfg, [], model_uri)
         )
         self.actors.append(manager)
-        self.manager = manager
         return manager
 
     @staticmethod
@@ -232,12 +227,6 @@ class RLSystem:
 
     def dispose(self) -> None:
         """Best effort, every step guarded: a failure here must not hide the run's own error."""
-        if self.manager is not None:
-            try:  # the rollout files still being written (a run that failed keeps them too)
-                ray.get(self.manager.flush.remote(), timeout=FLUSH_TIMEOUT_S)
-            except Exception as e:  # noqa: BLE001
-                log.warning("rollout files not all written: %s", e)
-            self.manager = None
         if self.transport is not None:
             try:  # first, while the engines still answer: their group ends cleanly too
                 self.transport.close()

@@ -7,10 +7,7 @@ Runs as a threaded Ray actor so that fetching batch k never waits behind generat
 Inside Ray the batch goes into the object store as soon as it is made (`batch_ref`): its
 serialization then overlaps the training before it, instead of running as the actor's
 reply when that training has ended and the next one asks for it (the demo: about 10 ms
-an iteration on the loop's critical path). The put and the rollout's parquet file
-(infra/rollout/rollout_writer.py) both run in the background once the batch is scored:
-generate returns, and the flow submits the weight sync, without waiting for either (at 32
-engines x 8k samples they took 0.3-0.4 s after the last answer, bench.scale_sweep).
+an iteration on the loop's critical path).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
 import ray
@@ -42,7 +39,6 @@ from infra.rollout.eval_sets import EvalSet
 from infra.rollout.handoff import Handoff
 from infra.rollout.over_sampling import first_groups
 from infra.rollout.rollout_files import read_rollout_with_stats, rollout_rel, write_rollout
-from infra.rollout.rollout_writer import RolloutWriter
 from infra.rollout.scoring import (
     assign_advantages,
     check_failures,
@@ -132,9 +128,7 @@ class RolloutManager:
             data.overlong_prompt,
         )
         self._batches: dict[int, RolloutBatch] = {}
-        self._refs: dict[int, Future[ray.ObjectRef]] = {}  # the batches put in Ray's object store
-        self._puts = ThreadPoolExecutor(1, thread_name_prefix="batch-put")
-        self.writer = RolloutWriter(self.store)
+        self._refs: dict[int, ray.ObjectRef] = {}  # the batches in Ray's object store
         self._summaries: dict[int, dict] = {}
         # dynamic sampling: the run's lowest and highest reward so far (what `stuck` resampling
         # counts as solved); a resume reads it from the batch generated ahead
@@ -436,18 +430,10 @@ class RolloutManager:
             samples = draw(0, list(range(len(rows))))
         t_gen = time.monotonic() - t0
         assign_advantages(samples, self.cfg.algorithm)
-        if failed_share(samples) > d.max_failed_fraction:  # the run stops: its errors on file first
-            check_failures(
-                samples, d.max_failed_fraction, write_rollout(self.store, rollout_id, samples, extra)
-            )
-        self.writer.flush()  # the previous rollout's file: a failure to write it fails this task
-        uri = self.writer.submit(rollout_id, samples, extra)
+        uri = write_rollout(self.store, rollout_id, samples, extra)
+        check_failures(samples, d.max_failed_fraction, uri)  # after the write: the errors are in it
         extra["engine_restarts"] = len(self.engines.recoveries) - recovered_before
         return self._keep(RolloutBatch(rollout_id, samples), t_gen, time.monotonic() - t0, uri, extra)
-
-    def flush(self) -> None:
-        """Return once every rollout file generated so far is on storage (infra/rollout/rollout_writer.py)."""
-        self.writer.flush()
 
     def _keep(
         self, batch: RolloutBatch, t_gen: float, t_all: float, uri: str, extra: dict | None = None
@@ -465,8 +451,7 @@ class RolloutManager:
             "engine_restarts": 0,
             **(extra or {}),  # dynamic sampling's stats; its reward_mean is its first round's
         }
-        # outside Ray (tests): no store
-        ref = self._puts.submit(ray.put, batch) if ray.is_initialized() else None
+        ref = ray.put(batch) if ray.is_initialized() else None  # outside Ray (tests): no store
         with self._lock:
             self._batches[batch.rollout_id] = batch
             if ref is not None:
@@ -524,12 +509,10 @@ class RolloutManager:
 
     def batch_ref(self, rollout_id: int) -> ray.ObjectRef:
         """Batch `rollout_id` in the object store, as a ref to pass the ranks (the value a
-        call of this method returns through Ray is that ref, not the batch), once its put
-        has ended. Inside Ray only."""
+        call of this method returns through Ray is that ref, not the batch). Inside Ray only."""
         self.get_batch(rollout_id)  # the same error as get_batch for a rollout never generated
         with self._lock:
-            stored = self._refs[rollout_id]
-        return stored.result()
+            return self._refs[rollout_id]
 
     def _consumers(self, rollout_id: int) -> set[str]:
         """Who trains on this rollout: the actor (except critic-only iterations), the critic."""

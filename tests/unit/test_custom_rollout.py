@@ -56,7 +56,6 @@ def test_two_turn_calculator_trajectories(engine, tmp_path) -> None:
         assert s.reward == calculator_reward(s.prompt, s.response, s.label)
     # seeds differ per sample: a group is not n copies of one trajectory
     assert len({tuple(s.response_ids) for s in samples[:8]}) > 1
-    m.flush()
     stored = read_rollout(RunStore(m.cfg.storage, m.cfg.run_name), 0)
     assert [list(x) for x in stored["loss_mask"]] == [s.loss_mask for s in samples]
 

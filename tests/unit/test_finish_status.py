@@ -45,7 +45,6 @@ def generate(engine, tmp_path, stop: list[str]):
     )
     m = RolloutManager(cfg, [url], model)
     summary = m.generate(0)
-    m.flush()  # the file is written behind generate
     frame = pd.read_parquet(RunStore(cfg.storage, cfg.run_name).uri("rollouts", "0000000.parquet"))
     return m, m.get_batch(0).samples, summary, frame
 
