@@ -159,8 +159,9 @@ def _abort(engines: EngineFleet, by_engine: dict[int, list[str]]) -> None:
     with closing(EngineLanes(len(engines))) as lanes:  # made for these calls, about 2 ms
 
         async def abort_each(client: EngineClient, rids: list[str]) -> list:
-            body = {"abort_all": False}
-            calls = (lanes.call(client, "POST", "/abort_request", {**body, "rid": rid}) for rid in rids)
+            calls = (
+                lanes.call(client, "POST", "/abort_request", {"rid": rid, "abort_all": False}) for rid in rids
+            )
             return await asyncio.gather(*calls, return_exceptions=True)
 
         sent = {e: lanes.submit(e, abort_each, engines.client(e), rids) for e, rids in by_engine.items()}
